@@ -1,0 +1,156 @@
+//! Length-delimited framing for postcard messages.
+//!
+//! Each frame is a big-endian `u32` length followed by that many bytes of one
+//! postcard-encoded message. The decoder reads the prefix, refuses a length
+//! over the limit *before* growing its buffer, waits for the rest (an
+//! incomplete frame is `Ok(None)`, not an error), and only then parses.
+
+use std::marker::PhantomData;
+
+use bytes::{Buf, BufMut, BytesMut};
+use serde::{de::DeserializeOwned, Serialize};
+use tokio_util::codec::{Decoder, Encoder};
+
+use crate::{Error, Request, Response, DEFAULT_MAX_FRAME_LEN};
+
+const PREFIX_LEN: usize = 4;
+
+/// Encodes `Out` and decodes `In`, each as one length-delimited frame.
+#[derive(Debug)]
+pub struct Codec<In, Out> {
+    max_frame_len: usize,
+    _types: PhantomData<fn(Out) -> In>,
+}
+
+/// The client's side: sends [`Request`], receives [`Response`].
+pub type ClientCodec = Codec<Response, Request>;
+/// The daemon's side: sends [`Response`], receives [`Request`].
+pub type ServerCodec = Codec<Request, Response>;
+
+impl<In, Out> Codec<In, Out> {
+    /// A codec with the default maximum frame length.
+    pub fn new() -> Self {
+        Self::with_max_frame_len(DEFAULT_MAX_FRAME_LEN)
+    }
+
+    /// A codec that refuses frames longer than `max_frame_len` bytes.
+    pub fn with_max_frame_len(max_frame_len: usize) -> Self {
+        Self {
+            max_frame_len: max_frame_len.min(u32::MAX as usize),
+            _types: PhantomData,
+        }
+    }
+
+    /// The largest frame this codec accepts or produces.
+    pub fn max_frame_len(&self) -> usize {
+        self.max_frame_len
+    }
+}
+
+impl<In, Out> Default for Codec<In, Out> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<In, Out> Clone for Codec<In, Out> {
+    fn clone(&self) -> Self {
+        Self::with_max_frame_len(self.max_frame_len)
+    }
+}
+
+impl<In: DeserializeOwned, Out> Decoder for Codec<In, Out> {
+    type Item = In;
+    type Error = Error;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<In>, Error> {
+        let Some(prefix) = src.get(..PREFIX_LEN) else {
+            return Ok(None);
+        };
+        let mut len_bytes = [0u8; PREFIX_LEN];
+        len_bytes.copy_from_slice(prefix);
+        let len = u32::from_be_bytes(len_bytes) as usize;
+        if len > self.max_frame_len {
+            return Err(Error::FrameTooLarge {
+                len,
+                max: self.max_frame_len,
+            });
+        }
+        if src.len() < PREFIX_LEN + len {
+            // Reserving only what this (already bounded) frame still needs
+            // keeps one syscall per frame without trusting the peer further.
+            src.reserve(PREFIX_LEN + len - src.len());
+            return Ok(None);
+        }
+        src.advance(PREFIX_LEN);
+        let body = src.split_to(len);
+        decode_message(&body).map(Some)
+    }
+}
+
+impl<In, Out: Serialize> Encoder<Out> for Codec<In, Out> {
+    type Error = Error;
+
+    fn encode(&mut self, item: Out, dst: &mut BytesMut) -> Result<(), Error> {
+        encode_into(&item, dst, self.max_frame_len)
+    }
+}
+
+impl<In, Out: Serialize> Encoder<&Out> for Codec<In, Out> {
+    type Error = Error;
+
+    fn encode(&mut self, item: &Out, dst: &mut BytesMut) -> Result<(), Error> {
+        encode_into(item, dst, self.max_frame_len)
+    }
+}
+
+/// Parses one message body (without its length prefix).
+pub fn decode_message<T: DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
+    postcard::from_bytes(body).map_err(Error::Malformed)
+}
+
+/// Appends `item` to `dst` as one frame (prefix and body). On error `dst` is
+/// left as it was.
+pub fn encode_into<T: Serialize>(item: &T, dst: &mut BytesMut, max: usize) -> Result<(), Error> {
+    let start = dst.len();
+    dst.put_u32(0);
+    if let Err(e) = postcard::to_io(item, (&mut *dst).writer()) {
+        dst.truncate(start);
+        return Err(Error::Encode(e));
+    }
+    let len = dst.len() - start - PREFIX_LEN;
+    if len > max {
+        dst.truncate(start);
+        return Err(Error::FrameTooLarge { len, max });
+    }
+    // `len <= max <= u32::MAX` was checked above.
+    dst[start..start + PREFIX_LEN].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(())
+}
+
+/// Reads just the protocol version from a `Hello` body, even when the rest
+/// of it is in a layout this build does not know. Returns `None` when the
+/// body is not a `Hello` at all.
+pub fn peek_hello_version(body: &[u8]) -> Option<u32> {
+    // Variant 0 (`Hello`) is a single varint 0, then `version` as a varint.
+    let (variant, rest): (u32, &[u8]) = postcard::take_from_bytes(body).ok()?;
+    if variant != 0 {
+        return None;
+    }
+    let (version, _): (u32, &[u8]) = postcard::take_from_bytes(rest).ok()?;
+    Some(version)
+}
+
+/// Convenience for tests and tools: one message as a standalone frame.
+pub fn encode_frame<T: Serialize>(item: &T) -> Result<BytesMut, Error> {
+    let mut buf = BytesMut::new();
+    encode_into(item, &mut buf, u32::MAX as usize)?;
+    Ok(buf)
+}
+
+// Keep the aliases honest: both directions must be encodable and decodable.
+const _: fn() = || {
+    fn assert_codec<T: Decoder + Encoder<U>, U>() {}
+    assert_codec::<ClientCodec, Request>();
+    assert_codec::<ServerCodec, Response>();
+};

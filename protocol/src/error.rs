@@ -1,0 +1,34 @@
+//! The protocol crate's error type.
+
+/// Everything that can go wrong while framing or parsing a message.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The length prefix announced a frame larger than the configured limit.
+    /// Raised before any buffer is grown for it.
+    #[error("frame of {len} bytes exceeds the maximum of {max} bytes")]
+    FrameTooLarge { len: usize, max: usize },
+
+    /// A complete frame arrived but its bytes are not a valid message.
+    #[error("malformed message: {0}")]
+    Malformed(postcard::Error),
+
+    /// A message could not be encoded (for example a payload over the limit).
+    #[error("cannot encode message: {0}")]
+    Encode(postcard::Error),
+
+    /// A name (stream, producer, consumer) is empty, too long or contains
+    /// characters that would make output ambiguous.
+    #[error("invalid {what} name {name:?}: {why}")]
+    InvalidName {
+        what: &'static str,
+        name: String,
+        why: &'static str,
+    },
+
+    /// The underlying byte stream failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Result with the protocol [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,395 @@
+//! Message types. Pure data: no I/O, no clocks, no allocation policy.
+//!
+//! A connection carries [`Request`]s from the client and [`Response`]s from
+//! the daemon. The first request must be [`Request::Hello`]; the daemon
+//! answers [`Response::HelloOk`] or [`Response::Error`]. Those two variants,
+//! and the leading `version` field of [`Hello`], keep their positions in every
+//! future version so that any two versions can at least refuse each other
+//! clearly.
+//!
+//! Every [`Response::Error`] ends the session: the daemon closes the
+//! connection after sending it.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, MAX_NAME_LEN};
+
+/// Optional protocol features, announced by the client in [`Hello`] and
+/// confirmed (intersected) by the daemon in [`HelloOk`]. Unknown bits are
+/// ignored so that newer clients can talk to older daemons.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct Capabilities(pub u64);
+
+impl Capabilities {
+    /// No optional features.
+    pub const NONE: Self = Self(0);
+    /// Durable delivery: subscriptions replay from the store and every frame
+    /// arrives as [`Response::Durable`] with its seq. Without it a subscriber
+    /// gets [`Response::Live`] frames from the moment it subscribed, no replay.
+    pub const DURABLE: Self = Self(1 << 0);
+    /// Every capability this build understands.
+    pub const ALL: Self = Self::DURABLE;
+
+    /// True when every bit of `other` is set in `self`.
+    pub fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The capabilities both sides support.
+    pub fn intersect(self, other: Self) -> Self {
+        Self(self.0 & other.0)
+    }
+}
+
+/// What produced a frame. Shown by `tether tail --json` as a lowercase word.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// A line published with `tether publish` or the client library.
+    Data,
+    /// A line a supervised worker wrote to stdout.
+    Stdout,
+    /// A line a supervised worker wrote to stderr.
+    Stderr,
+    /// A lifecycle event written by the daemon ("started pid 123").
+    Event,
+}
+
+impl FrameKind {
+    /// The lowercase name used in JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrameKind::Data => "data",
+            FrameKind::Stdout => "stdout",
+            FrameKind::Stderr => "stderr",
+            FrameKind::Event => "event",
+        }
+    }
+}
+
+/// One stored frame: what a producer appended plus the daemon's timestamp.
+/// Its seq travels beside it (in [`Durable`]) rather than inside it, because
+/// the seq is the store's key, not part of the value.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// When the daemon accepted the frame, microseconds since the Unix epoch.
+    pub ts_micros: u64,
+    pub kind: FrameKind,
+    pub payload: Bytes,
+}
+
+// ---------------------------------------------------------------------------
+// Client -> daemon
+// ---------------------------------------------------------------------------
+
+/// A message from a client to the daemon.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Must be the first message on every connection. Variant 0 forever.
+    Hello(Hello),
+    /// Append one frame to a stream (created on first use). Appends are
+    /// pipelined: a client may send many before the first [`Appended`].
+    Append(Append),
+    /// Open this connection's one subscription at a position the daemon
+    /// resolves (oldest retained, last N, or a consumer's stored ack).
+    Subscribe(Subscribe),
+    /// Open this connection's one subscription right after a position the
+    /// client already holds. Requires [`Capabilities::DURABLE`].
+    DurableResume(DurableResume),
+    /// Record that the subscription's named consumer has processed every
+    /// frame through `through_seq`. Answered with [`Response::Acked`] once the
+    /// ack is durable. Acks let the daemon compact.
+    DurableAck(DurableAck),
+    /// Ask for one [`StreamInfo`] per stream.
+    ListStreams,
+    /// Ask for the daemon's [`StatusInfo`].
+    Status,
+}
+
+/// Opens a session. `version` must stay the first field of the first variant.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The client's [`crate::PROTOCOL_VERSION`].
+    pub version: u32,
+    /// Features the client would like; see [`Capabilities`].
+    pub capabilities: Capabilities,
+    /// Free-form client description for logs ("tether 0.1.0 tail").
+    pub client: String,
+}
+
+/// Appends one frame. The pair (`producer`, `producer_seq`) makes appends
+/// idempotent: the daemon remembers, per stream and producer, the highest
+/// `producer_seq` it stored, in the same transaction as the frame, and
+/// acknowledges any append at or below it without storing it again.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Append {
+    pub stream: String,
+    /// A name the producer keeps across reconnects (and, for idempotent
+    /// re-runs, across processes).
+    pub producer: String,
+    /// Strictly increasing per (stream, producer); gaps are allowed.
+    pub producer_seq: u64,
+    pub kind: FrameKind,
+    pub payload: Bytes,
+}
+
+/// Where a [`Subscribe`] starts.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartAt {
+    /// The oldest retained frame.
+    Oldest,
+    /// The last `n` frames (all of them if fewer are retained).
+    Last(u64),
+    /// After the stored ack of the subscription's named consumer (the
+    /// oldest retained frame for a consumer not seen before).
+    ConsumerAck,
+    /// Live frames only: the first frame delivered is the first one stored
+    /// after the subscription opened.
+    Now,
+}
+
+/// Opens the connection's subscription. A connection has at most one.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Subscribe {
+    pub stream: String,
+    pub start: StartAt,
+    /// Keep delivering new frames as they are stored. Without it the daemon
+    /// delivers what is stored now and then sends [`Response::End`].
+    pub follow: bool,
+    /// Read as this durable consumer: its acks are stored and hold back
+    /// compaction. Required for [`StartAt::ConsumerAck`].
+    pub consumer: Option<String>,
+}
+
+/// Resumes a subscription after `acked_through`: the daemon delivers
+/// `acked_through + 1`, `+ 2`, ... in order, or first a [`Gap`] when those
+/// frames were compacted away.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct DurableResume {
+    pub stream: String,
+    pub acked_through: u64,
+    pub follow: bool,
+    pub consumer: Option<String>,
+}
+
+/// A durable consumer's acknowledgement of every frame through `through_seq`.
+/// Also sent back by the daemon (as [`Response::Acked`]) once it is durable.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DurableAck {
+    pub through_seq: u64,
+}
+
+// ---------------------------------------------------------------------------
+// Daemon -> client
+// ---------------------------------------------------------------------------
+
+/// A message from the daemon to a client.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    /// Accepts the session. Variant 0 forever.
+    HelloOk(HelloOk),
+    /// Refuses a request; the daemon closes the connection after it.
+    /// Variant 1 forever, so that a client of any version can read refusals.
+    Error(ErrorFrame),
+    /// Every append of `producer` on `stream` up to and including
+    /// `producer_seq` is durable. Cumulative: one `Appended` may answer many
+    /// pipelined appends.
+    Appended(Appended),
+    /// The subscription is open; the stream's retained range at that moment.
+    /// An empty stream has `first_seq == last_seq + 1`.
+    Subscribed(Subscribed),
+    /// A stored frame and its seq, for durable subscriptions.
+    Durable(Durable),
+    /// A frame for a non-durable subscription: live, no seq, no replay.
+    Live(Frame),
+    /// Frames the subscriber asked for were compacted or expired; the next
+    /// [`Durable`] has seq `first_available`. Never a silent gap.
+    Gap(Gap),
+    /// A non-following subscription has delivered everything through
+    /// `last_seq`, the stream's last seq when it was opened.
+    End { last_seq: u64 },
+    /// A [`DurableAck`] is durable.
+    Acked(DurableAck),
+    /// Answer to [`Request::ListStreams`].
+    Streams(Vec<StreamInfo>),
+    /// Answer to [`Request::Status`].
+    Status(StatusInfo),
+}
+
+/// Accepts a [`Hello`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct HelloOk {
+    pub version: u32,
+    /// The capabilities in force for this session (the intersection).
+    pub capabilities: Capabilities,
+    /// The daemon's package version ("0.1.0").
+    pub daemon: String,
+}
+
+/// See [`Response::Appended`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub stream: String,
+    pub producer: String,
+    pub producer_seq: u64,
+    /// The stream seq of the frame with `producer_seq`; for a duplicate, the
+    /// seq of the producer's newest stored frame.
+    pub seq: u64,
+}
+
+/// See [`Response::Subscribed`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Subscribed {
+    pub first_seq: u64,
+    pub last_seq: u64,
+}
+
+/// See [`Response::Durable`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Durable {
+    pub seq: u64,
+    pub frame: Frame,
+}
+
+/// See [`Response::Gap`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gap {
+    /// The first seq the subscriber asked for.
+    pub requested: u64,
+    /// The first seq that is still retained.
+    pub first_available: u64,
+}
+
+/// Why a request was refused.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ErrorFrame {
+    pub code: ErrorCode,
+    /// A sentence for humans naming what was wrong.
+    pub message: String,
+}
+
+/// A machine-readable error class. Carried as a bare `u16` so that a client
+/// can read codes newer than itself; [`ErrorCode::name`] says `unknown` then.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(transparent)]
+pub struct ErrorCode(pub u16);
+
+impl ErrorCode {
+    /// The peer speaks a protocol version this daemon does not.
+    pub const UNSUPPORTED_VERSION: Self = Self(1);
+    /// A frame's bytes are not a valid message.
+    pub const MALFORMED: Self = Self(2);
+    /// A frame's length prefix exceeds the maximum frame size.
+    pub const FRAME_TOO_LARGE: Self = Self(3);
+    /// A message arrived before [`Hello`], or a second `Hello`.
+    pub const HELLO_REQUIRED: Self = Self(4);
+    /// A well-formed request that makes no sense now (ack beyond the last
+    /// seq, a second subscription, an invalid name, ...).
+    pub const INVALID_REQUEST: Self = Self(5);
+    /// No such stream (or execution, or checkpoint).
+    pub const NOT_FOUND: Self = Self(6);
+    /// The store's disk is full; the append was not stored. Retry later.
+    pub const STORAGE_FULL: Self = Self(7);
+    /// The store failed; the request was not carried out.
+    pub const STORAGE: Self = Self(8);
+    /// The daemon is at its connection limit.
+    pub const TOO_MANY_CONNECTIONS: Self = Self(9);
+    /// The daemon is shutting down; reconnect to the next instance.
+    pub const SHUTTING_DOWN: Self = Self(10);
+    /// The peer may not make this request.
+    pub const PERMISSION_DENIED: Self = Self(11);
+    /// A bug in the daemon. The request was not carried out.
+    pub const INTERNAL: Self = Self(12);
+
+    /// A stable lowercase name for logs and JSON output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::UNSUPPORTED_VERSION => "unsupported_version",
+            Self::MALFORMED => "malformed",
+            Self::FRAME_TOO_LARGE => "frame_too_large",
+            Self::HELLO_REQUIRED => "hello_required",
+            Self::INVALID_REQUEST => "invalid_request",
+            Self::NOT_FOUND => "not_found",
+            Self::STORAGE_FULL => "storage_full",
+            Self::STORAGE => "storage",
+            Self::TOO_MANY_CONNECTIONS => "too_many_connections",
+            Self::SHUTTING_DOWN => "shutting_down",
+            Self::PERMISSION_DENIED => "permission_denied",
+            Self::INTERNAL => "internal",
+            _ => "unknown",
+        }
+    }
+
+    /// True for conditions that a retry after reconnecting may cure.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            Self::STORAGE_FULL | Self::STORAGE | Self::SHUTTING_DOWN | Self::TOO_MANY_CONNECTIONS
+        )
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.name())
+    }
+}
+
+/// One row of `tether streams`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StreamInfo {
+    pub name: String,
+    /// First retained seq; `last_seq + 1` when nothing is retained.
+    pub first_seq: u64,
+    /// Last seq ever assigned (0 before the first frame).
+    pub last_seq: u64,
+    /// Retained frames.
+    pub frames: u64,
+    /// Retained payload bytes.
+    pub bytes: u64,
+    pub consumers: Vec<ConsumerInfo>,
+}
+
+/// A durable consumer and how far it has acknowledged.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerInfo {
+    pub name: String,
+    pub acked_through: u64,
+}
+
+/// The daemon's answer to [`Request::Status`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StatusInfo {
+    /// The daemon's package version.
+    pub version: String,
+    pub protocol: u32,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub socket: String,
+    pub state_dir: String,
+    /// Size of the store file on disk.
+    pub store_bytes: u64,
+    pub streams: u64,
+    pub executions: u64,
+    pub connections: u64,
+}
+
+/// Checks a stream, producer or consumer name: 1 to [`MAX_NAME_LEN`] bytes,
+/// no control characters, no whitespace (so names survive shell and table
+/// output unquoted).
+pub fn validate_name(what: &'static str, name: &str) -> Result<(), Error> {
+    let why = if name.is_empty() {
+        "it is empty"
+    } else if name.len() > MAX_NAME_LEN {
+        "it is longer than 255 bytes"
+    } else if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        "it contains whitespace or control characters"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidName {
+        what,
+        name: name.to_owned(),
+        why,
+    })
+}
