@@ -1,1 +1,28 @@
-//! placeholder
+//! The tether client library: reach a `tetherd`, publish to streams and
+//! read them back exactly once across reconnects.
+//!
+//! * [`conn`]: endpoints, one session ([`Connection`]: `Hello`, buffered
+//!   writes, reads) and the reconnect state machine ([`Link`]) with its
+//!   retry window.
+//! * [`backoff`]: capped exponential backoff with jitter, used between
+//!   reconnect attempts.
+//! * [`publisher`]: a pipelined [`Publisher`] with a window of
+//!   unacknowledged frames that it resends, deduplicated by the daemon,
+//!   after a lost session.
+//! * [`subscriber`]: a [`Subscriber`] that yields every frame exactly once
+//!   across reconnects, reports gaps, and acks for durable consumers.
+//! * [`error`]: the crate's one error type and its exit codes.
+//!
+//! Everything is async on tokio. The `tether` binary in this package is a
+//! thin command line over this library.
+
+pub mod backoff;
+pub mod conn;
+pub mod error;
+pub mod publisher;
+pub mod subscriber;
+
+pub use conn::{ConnectOptions, Connection, Connector, Endpoint, Link};
+pub use error::{Error, Result};
+pub use publisher::{Publisher, PublisherOptions};
+pub use subscriber::{Event, Start, SubscribeOptions, Subscriber};

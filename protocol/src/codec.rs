@@ -86,6 +86,28 @@ impl<In: DeserializeOwned, Out> Decoder for Codec<In, Out> {
         let body = src.split_to(len);
         decode_message(&body).map(Some)
     }
+
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<In>, Error> {
+        if let Some(item) = self.decode(src)? {
+            return Ok(Some(item));
+        }
+        if src.is_empty() {
+            return Ok(None);
+        }
+        // The stream ended inside a frame: name how much of it arrived.
+        let expected = match src.get(..PREFIX_LEN) {
+            Some(prefix) => {
+                let mut len_bytes = [0u8; PREFIX_LEN];
+                len_bytes.copy_from_slice(prefix);
+                PREFIX_LEN + u32::from_be_bytes(len_bytes) as usize
+            }
+            None => PREFIX_LEN,
+        };
+        Err(Error::Truncated {
+            received: src.len(),
+            expected,
+        })
+    }
 }
 
 impl<In, Out: Serialize> Encoder<Out> for Codec<In, Out> {
@@ -93,14 +115,6 @@ impl<In, Out: Serialize> Encoder<Out> for Codec<In, Out> {
 
     fn encode(&mut self, item: Out, dst: &mut BytesMut) -> Result<(), Error> {
         encode_into(&item, dst, self.max_frame_len)
-    }
-}
-
-impl<In, Out: Serialize> Encoder<&Out> for Codec<In, Out> {
-    type Error = Error;
-
-    fn encode(&mut self, item: &Out, dst: &mut BytesMut) -> Result<(), Error> {
-        encode_into(item, dst, self.max_frame_len)
     }
 }
 

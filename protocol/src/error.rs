@@ -8,6 +8,10 @@ pub enum Error {
     #[error("frame of {len} bytes exceeds the maximum of {max} bytes")]
     FrameTooLarge { len: usize, max: usize },
 
+    /// The byte stream ended in the middle of a frame.
+    #[error("truncated frame: the connection ended after {received} of {expected} bytes")]
+    Truncated { received: usize, expected: usize },
+
     /// A complete frame arrived but its bytes are not a valid message.
     #[error("malformed message: {0}")]
     Malformed(postcard::Error),

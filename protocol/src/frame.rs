@@ -106,6 +106,21 @@ pub enum Request {
     Status,
 }
 
+impl Request {
+    /// The variant's name, for logs and error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Hello(_) => "Hello",
+            Request::Append(_) => "Append",
+            Request::Subscribe(_) => "Subscribe",
+            Request::DurableResume(_) => "DurableResume",
+            Request::DurableAck(_) => "DurableAck",
+            Request::ListStreams => "ListStreams",
+            Request::Status => "Status",
+        }
+    }
+}
+
 /// Opens a session. `version` must stay the first field of the first variant.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Hello {

@@ -1,0 +1,218 @@
+//! The `tether` command line: global flags, one module per command, and
+//! the mapping of errors to exit codes.
+//!
+//! * [`publish`], [`tail`], [`streams`], [`status`]: the commands.
+//! * [`lines`]: stdin split into line frames, in large reads.
+//! * [`cursor`]: the `--cursor-file` format and its atomic update.
+//! * [`output`]: how frames are printed (plain and `--json`).
+//! * [`duration`]: `--connect-timeout` values such as `500ms` or `2m`.
+
+pub mod cursor;
+pub mod duration;
+pub mod lines;
+pub mod output;
+pub mod publish;
+pub mod status;
+pub mod streams;
+pub mod tail;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tether::{ConnectOptions, Connector, Endpoint, Error, Result};
+
+/// Talk to a tetherd: publish to streams, tail them, inspect the daemon.
+#[derive(Debug, Parser)]
+#[command(name = "tether", version, max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Flags every command accepts.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// The daemon's socket [default: $TETHER_SOCKET or the standard path]
+    ///
+    /// Without this flag: $TETHER_SOCKET, else $RUNTIME_DIRECTORY/tether.sock,
+    /// else /run/tether/tether.sock for root, else
+    /// $XDG_RUNTIME_DIR/tether/tether.sock, else /tmp/tether-$UID/tether.sock.
+    #[arg(long, global = true, value_name = "PATH")]
+    socket: Option<PathBuf>,
+
+    /// Machine-readable output: one JSON object per line.
+    #[arg(long, global = true)]
+    json: bool,
+
+    /// How long to keep trying to reach the daemon before giving up with
+    /// exit code 4 (e.g. 500ms, 30s, 2m).
+    #[arg(
+        long,
+        global = true,
+        value_name = "DUR",
+        default_value = "30s",
+        value_parser = duration::parse
+    )]
+    connect_timeout: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Publish each stdin line as one frame on STREAM.
+    Publish(publish::PublishArgs),
+    /// Print a stream's frames, one per line.
+    Tail(tail::TailArgs),
+    /// List streams with their retained range, size and consumers.
+    Streams,
+    /// Show the daemon's status.
+    Status,
+}
+
+/// What every command needs from the global flags.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// Where the daemon is.
+    pub endpoint: Endpoint,
+    /// `--json` was given.
+    pub json: bool,
+    /// The retry window.
+    pub connect_timeout: Duration,
+}
+
+impl Context {
+    /// A connector describing itself as `tether <version> <command>`.
+    pub fn connector(&self, command: &str) -> Connector {
+        Connector::new(
+            self.endpoint.clone(),
+            ConnectOptions {
+                retry_window: self.connect_timeout,
+                client: format!("tether {} {command}", env!("CARGO_PKG_VERSION")),
+                ..ConnectOptions::default()
+            },
+        )
+    }
+}
+
+/// Parses the command line, runs the command and returns its exit code.
+/// Usage errors exit 2 (and `--help` 0) through clap.
+pub fn main() -> ExitCode {
+    let cli = Cli::try_parse().unwrap_or_else(|e| e.exit());
+    let context = Context {
+        endpoint: match cli.global.socket {
+            Some(path) => Endpoint::unix(path),
+            None => Endpoint::default_local(),
+        },
+        json: cli.global.json,
+        connect_timeout: cli.global.connect_timeout,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(source) => {
+            return report(&Error::Local {
+                context: "cannot start the async runtime".into(),
+                source,
+            })
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Publish(args) => publish::run(&context, args).await,
+            Command::Tail(args) => tail::run(&context, args).await,
+            Command::Streams => streams::run(&context).await,
+            Command::Status => status::run(&context).await,
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => report(&e),
+    }
+}
+
+fn report(error: &Error) -> ExitCode {
+    eprintln!("tether: {error}");
+    ExitCode::from(error.exit_code())
+}
+
+/// Clap value parser for stream names.
+pub fn stream_name(s: &str) -> Result<String, String> {
+    name("stream", s)
+}
+
+/// Clap value parser for producer names.
+pub fn producer_name(s: &str) -> Result<String, String> {
+    name("producer", s)
+}
+
+/// Clap value parser for consumer names.
+pub fn consumer_name(s: &str) -> Result<String, String> {
+    name("consumer", s)
+}
+
+fn name(what: &'static str, s: &str) -> Result<String, String> {
+    tether_protocol::validate_name(what, s)
+        .map(|()| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// Writes `bytes` to stdout in one go. A closed stdout (the reader of a
+/// pipe went away) is reported as `Ok(false)`: not an error, but nothing
+/// more should be printed.
+pub fn write_stdout(bytes: &[u8]) -> Result<bool> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(source) => Err(Error::Local {
+            context: "cannot write to stdout".into(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_flags_work_after_the_command() {
+        let cli = Cli::try_parse_from([
+            "tether",
+            "tail",
+            "s",
+            "--json",
+            "--socket",
+            "/x.sock",
+            "--connect-timeout",
+            "500ms",
+        ])
+        .unwrap();
+        assert!(cli.global.json);
+        assert_eq!(cli.global.socket, Some(PathBuf::from("/x.sock")));
+        assert_eq!(cli.global.connect_timeout, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn bad_names_and_conflicting_starts_are_usage_errors() {
+        let err = Cli::try_parse_from(["tether", "publish", "a b"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let err =
+            Cli::try_parse_from(["tether", "tail", "s", "-n", "3", "--from-seq", "4"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+    }
+}

@@ -1,0 +1,125 @@
+//! `tether status`: the daemon's version, pid, uptime, socket, state
+//! directory, store size and counts. `--json`: one object with the fields
+//! `version`, `protocol`, `pid`, `uptime_secs`, `socket`, `state_dir`,
+//! `store_bytes`, `streams`, `executions` and `connections`.
+
+use std::time::Duration;
+
+use tether::{Error, Result};
+use tether_protocol::{Request, Response, StatusInfo};
+
+use super::{write_stdout, Context};
+
+/// Runs `tether status`.
+pub async fn run(ctx: &Context) -> Result<()> {
+    let response = ctx.connector("status").request(&Request::Status).await?;
+    let Response::Status(status) = response else {
+        return Err(Error::Protocol(
+            "the daemon did not answer Status with its status".into(),
+        ));
+    };
+    let text = if ctx.json {
+        let line = serde_json::to_string(&status)
+            .map_err(|e| Error::Protocol(format!("cannot render the status: {e}")))?;
+        line + "\n"
+    } else {
+        human(&status)
+    };
+    write_stdout(text.as_bytes())?;
+    Ok(())
+}
+
+fn human(s: &StatusInfo) -> String {
+    let rows = [
+        (
+            "version",
+            format!("{} (protocol {})", s.version, s.protocol),
+        ),
+        ("pid", s.pid.to_string()),
+        ("uptime", uptime(Duration::from_secs(s.uptime_secs))),
+        ("socket", s.socket.clone()),
+        ("state dir", s.state_dir.clone()),
+        ("store size", size(s.store_bytes)),
+        ("streams", s.streams.to_string()),
+        ("executions", s.executions.to_string()),
+        ("connections", s.connections.to_string()),
+    ];
+    rows.iter()
+        .map(|(key, value)| format!("{:<13}{value}\n", format!("{key}:")))
+        .collect()
+}
+
+/// `3d 4h 5m 6s`, leaving out leading zero units.
+fn uptime(d: Duration) -> String {
+    let secs = d.as_secs();
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs / 3600 % 24, "h"),
+        (secs / 60 % 60, "m"),
+        (secs % 60, "s"),
+    ];
+    let first = parts.iter().position(|(n, _)| *n > 0).unwrap_or(3);
+    parts[first..]
+        .iter()
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `1.5 MiB (1572864 bytes)`.
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {} ({bytes} bytes)", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn human_status_is_one_aligned_line_per_item() {
+        let status = StatusInfo {
+            version: "0.1.0".into(),
+            protocol: 1,
+            pid: 4242,
+            uptime_secs: 3725,
+            socket: "/run/tether/tether.sock".into(),
+            state_dir: "/var/lib/tether".into(),
+            store_bytes: 1_572_864,
+            streams: 3,
+            executions: 0,
+            connections: 1,
+        };
+        assert_eq!(
+            human(&status),
+            "version:     0.1.0 (protocol 1)\n\
+             pid:         4242\n\
+             uptime:      1h 2m 5s\n\
+             socket:      /run/tether/tether.sock\n\
+             state dir:   /var/lib/tether\n\
+             store size:  1.5 MiB (1572864 bytes)\n\
+             streams:     3\n\
+             executions:  0\n\
+             connections: 1\n"
+        );
+    }
+
+    #[test]
+    fn sizes_and_uptimes_read_naturally() {
+        assert_eq!(size(512), "512 bytes");
+        assert_eq!(size(2048), "2.0 KiB (2048 bytes)");
+        assert_eq!(uptime(Duration::from_secs(0)), "0s");
+        assert_eq!(uptime(Duration::from_secs(90_061)), "1d 1h 1m 1s");
+    }
+}

@@ -1,0 +1,626 @@
+//! Reaching the daemon: endpoints, one session ([`Connection`]), and the
+//! reconnecting [`Link`] that the publisher and the subscriber are built on.
+//!
+//! A [`Connection`] is one session: the transport is opened, `Hello` is
+//! sent and `HelloOk` awaited. Outgoing requests are encoded into a buffer
+//! and written in one go, so that many appends cost one write; responses are
+//! read through a length-delimited decoder. Writing and reading are separate
+//! halves, so [`Connection::flush_or_recv`] can keep reading answers while a
+//! large write is still in progress and neither peer can block the other.
+//!
+//! A [`Link`] owns the reconnect state machine ([`LinkState`]): it opens a
+//! session on demand, and after a failure retries with capped exponential
+//! backoff until the retry window (the `--connect-timeout`) runs out, then
+//! gives up with [`Error::Unreachable`] naming the endpoint and the last
+//! error.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use futures_util::{FutureExt, StreamExt};
+use tether_protocol::codec::encode_into;
+use tether_protocol::{
+    Capabilities, ClientCodec, Hello, HelloOk, Request, Response, DEFAULT_MAX_FRAME_LEN,
+    PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio_util::codec::FramedRead;
+
+use crate::backoff::{self, Backoff};
+use crate::error::{humanize, Error, Result};
+
+/// Default retry window: how long to keep trying to reach the daemon.
+pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(30);
+
+/// Upper bound on waiting for `HelloOk` once the transport is open.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Lower bound on the same, so that the last attempt of a retry window
+/// still gets a fair chance instead of a zero timeout.
+const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Read buffer size: large enough that one read syscall carries hundreds of
+/// small frames.
+const READ_BUFFER: usize = 256 * 1024;
+
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Where the daemon listens. Only unix sockets today; the transport stays
+/// behind this type so that other ways to reach a daemon can be added
+/// without touching sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Endpoint {
+    /// A unix domain socket on this machine.
+    Unix(PathBuf),
+}
+
+impl Endpoint {
+    /// The unix socket at `path`.
+    pub fn unix(path: impl Into<PathBuf>) -> Self {
+        Endpoint::Unix(path.into())
+    }
+
+    /// The socket `tetherd` uses when given no flags (see
+    /// [`tether_protocol::paths::default_socket`]).
+    pub fn default_local() -> Self {
+        Endpoint::Unix(tether_protocol::paths::from_process(
+            tether_protocol::paths::default_socket,
+        ))
+    }
+
+    /// The socket path, for unix endpoints.
+    pub fn socket_path(&self) -> Option<&Path> {
+        match self {
+            Endpoint::Unix(path) => Some(path),
+        }
+    }
+
+    /// Opens the transport and splits it into independent halves.
+    async fn open(&self) -> std::io::Result<(ReadHalf, WriteHalf)> {
+        match self {
+            Endpoint::Unix(path) => {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                let (read, write) = stream.into_split();
+                Ok((Box::new(read), Box::new(write)))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Unix(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// How sessions are opened and how long reconnecting may take.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// How long to keep retrying before giving up with
+    /// [`Error::Unreachable`]. Counted from the first failed attempt of an
+    /// outage.
+    pub retry_window: Duration,
+    /// Free-form description sent in `Hello` for the daemon's logs.
+    pub client: String,
+    /// Capabilities to ask for; a session that is not granted all of them
+    /// is refused with [`Error::Protocol`].
+    pub capabilities: Capabilities,
+    /// Largest frame sent or accepted.
+    pub max_frame_len: usize,
+    /// First reconnect delay.
+    pub backoff_initial: Duration,
+    /// Largest reconnect delay.
+    pub backoff_cap: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            retry_window: DEFAULT_RETRY_WINDOW,
+            client: format!("tether {}", env!("CARGO_PKG_VERSION")),
+            capabilities: Capabilities::DURABLE,
+            max_frame_len: DEFAULT_MAX_FRAME_LEN,
+            backoff_initial: backoff::DEFAULT_INITIAL,
+            backoff_cap: backoff::DEFAULT_CAP,
+        }
+    }
+}
+
+/// Opens sessions to one endpoint with one set of options.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    endpoint: Endpoint,
+    options: ConnectOptions,
+}
+
+impl Connector {
+    /// A connector for `endpoint`.
+    pub fn new(endpoint: Endpoint, options: ConnectOptions) -> Self {
+        Self { endpoint, options }
+    }
+
+    /// The endpoint sessions are opened to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The options sessions are opened with.
+    pub fn options(&self) -> &ConnectOptions {
+        &self.options
+    }
+
+    /// Opens a session, retrying within the retry window.
+    pub async fn connect(&self) -> Result<Connection> {
+        let mut link = Link::new(self.clone());
+        link.establish().await?;
+        link.into_connection()
+            .ok_or_else(|| Error::Protocol("a fresh link has no session".into()))
+    }
+
+    /// Sends one request on a session of its own and returns the answer,
+    /// retrying on a new session (within the retry window) if the session
+    /// is lost first. For idempotent requests such as `Status`.
+    pub async fn request(&self, request: &Request) -> Result<Response> {
+        let mut link = Link::new(self.clone());
+        loop {
+            link.establish().await?;
+            let Some(conn) = link.connection() else {
+                continue;
+            };
+            match conn.request(request).await {
+                Ok(response) => return Ok(response),
+                Err(e) => link.lose(e)?,
+            }
+        }
+    }
+
+    /// One attempt: open the transport, send `Hello`, await `HelloOk`. The
+    /// handshake may take up to `budget` (within fixed bounds).
+    pub async fn connect_once(&self, budget: Duration) -> Result<Connection> {
+        let limit = budget.clamp(MIN_HANDSHAKE_TIMEOUT, HANDSHAKE_TIMEOUT);
+        match tokio::time::timeout(limit, self.handshake()).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout {
+                endpoint: self.endpoint.to_string(),
+                after: limit,
+            }),
+        }
+    }
+
+    async fn handshake(&self) -> Result<Connection> {
+        let (read, write) = self.endpoint.open().await.map_err(|source| Error::Io {
+            endpoint: self.endpoint.to_string(),
+            source,
+        })?;
+        let codec = ClientCodec::with_max_frame_len(self.options.max_frame_len);
+        let mut conn = Connection {
+            endpoint: self.endpoint.to_string(),
+            reader: FramedRead::with_capacity(read, codec, READ_BUFFER),
+            writer: write,
+            out: BytesMut::with_capacity(READ_BUFFER),
+            max_frame_len: self.options.max_frame_len,
+            hello: HelloOk {
+                version: 0,
+                capabilities: Capabilities::NONE,
+                daemon: String::new(),
+            },
+        };
+        let hello = Request::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            capabilities: self.options.capabilities,
+            client: self.options.client.clone(),
+        });
+        let answer = conn.request(&hello).await?;
+        let Response::HelloOk(ok) = answer else {
+            return Err(unexpected("HelloOk", &answer));
+        };
+        if ok.version != PROTOCOL_VERSION {
+            return Err(Error::Protocol(format!(
+                "tetherd accepted Hello with protocol version {}, this client speaks {}",
+                ok.version, PROTOCOL_VERSION
+            )));
+        }
+        if !ok.capabilities.contains(self.options.capabilities) {
+            return Err(Error::Protocol(format!(
+                "tetherd {} at {} does not offer the capabilities this client needs \
+                 (asked for {:#x}, granted {:#x})",
+                ok.daemon, self.endpoint, self.options.capabilities.0, ok.capabilities.0
+            )));
+        }
+        conn.hello = ok;
+        Ok(conn)
+    }
+}
+
+/// One open session with the daemon.
+pub struct Connection {
+    endpoint: String,
+    reader: FramedRead<ReadHalf, ClientCodec>,
+    writer: WriteHalf,
+    /// Encoded requests not yet written to the socket.
+    out: BytesMut,
+    max_frame_len: usize,
+    hello: HelloOk,
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("endpoint", &self.endpoint)
+            .field("unwritten_bytes", &self.out.len())
+            .field("hello", &self.hello)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// The daemon's answer to our `Hello`.
+    pub fn hello(&self) -> &HelloOk {
+        &self.hello
+    }
+
+    /// The endpoint, as shown in messages.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Encodes `request` into the write buffer. Nothing is sent until
+    /// [`Connection::flush`] or [`Connection::flush_or_recv`]. A request too
+    /// large for one frame is refused and leaves the buffer unchanged.
+    pub fn queue(&mut self, request: &Request) -> Result<()> {
+        encode_into(request, &mut self.out, self.max_frame_len)?;
+        Ok(())
+    }
+
+    /// Bytes queued but not yet written.
+    pub fn unwritten(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Writes everything queued.
+    pub async fn flush(&mut self) -> Result<()> {
+        let endpoint = &self.endpoint;
+        let io = |source| Error::Io {
+            endpoint: endpoint.clone(),
+            source,
+        };
+        self.writer.write_all_buf(&mut self.out).await.map_err(io)?;
+        self.writer.flush().await.map_err(io)
+    }
+
+    /// Writes what is queued, but returns early with a response if one
+    /// arrives first (call again to finish writing). `Ok(None)` means
+    /// everything is written. Reading while writing is what keeps a large
+    /// pipelined write from deadlocking against a daemon that is itself
+    /// blocked writing answers to us.
+    pub async fn flush_or_recv(&mut self) -> Result<Option<Response>> {
+        if self.out.is_empty() {
+            return Ok(None);
+        }
+        while !self.out.is_empty() {
+            tokio::select! {
+                biased;
+                item = self.reader.next() => return self.accept(item).map(Some),
+                written = self.writer.write_buf(&mut self.out) => match written {
+                    Ok(0) => return Err(Error::Closed { endpoint: self.endpoint.clone() }),
+                    Ok(_) => {}
+                    Err(source) => return Err(Error::Io { endpoint: self.endpoint.clone(), source }),
+                },
+            }
+        }
+        self.writer.flush().await.map_err(|source| Error::Io {
+            endpoint: self.endpoint.clone(),
+            source,
+        })?;
+        Ok(None)
+    }
+
+    /// Waits for the next response. An error frame from the daemon becomes
+    /// [`Error::Daemon`]; the end of the stream becomes [`Error::Closed`].
+    /// Cancel-safe: dropping the future loses no response.
+    pub async fn recv(&mut self) -> Result<Response> {
+        let item = self.reader.next().await;
+        self.accept(item)
+    }
+
+    /// A response that is already available without waiting, if any.
+    pub fn try_recv(&mut self) -> Option<Result<Response>> {
+        let item = self.reader.next().now_or_never()?;
+        Some(self.accept(item))
+    }
+
+    /// Sends `request` and waits for the next response.
+    pub async fn request(&mut self, request: &Request) -> Result<Response> {
+        self.queue(request)?;
+        if let Some(early) = self.flush_or_recv().await? {
+            return Ok(early);
+        }
+        self.recv().await
+    }
+
+    fn accept(
+        &self,
+        item: Option<std::result::Result<Response, tether_protocol::Error>>,
+    ) -> Result<Response> {
+        match item {
+            None => Err(Error::Closed {
+                endpoint: self.endpoint.clone(),
+            }),
+            Some(Err(tether_protocol::Error::Io(source))) => Err(Error::Io {
+                endpoint: self.endpoint.clone(),
+                source,
+            }),
+            Some(Err(e)) => Err(Error::Codec(e)),
+            Some(Ok(Response::Error(frame))) => Err(Error::Daemon {
+                code: frame.code,
+                message: frame.message,
+            }),
+            Some(Ok(response)) => Ok(response),
+        }
+    }
+}
+
+/// An error for a response that does not belong where it arrived.
+pub(crate) fn unexpected(wanted: &str, got: &Response) -> Error {
+    Error::Protocol(format!("expected {wanted}, got {}", response_name(got)))
+}
+
+/// The variant name of a response, for messages.
+pub(crate) fn response_name(response: &Response) -> &'static str {
+    match response {
+        Response::HelloOk(_) => "HelloOk",
+        Response::Error(_) => "Error",
+        Response::Appended(_) => "Appended",
+        Response::Subscribed(_) => "Subscribed",
+        Response::Durable(_) => "Durable",
+        Response::Live(_) => "Live",
+        Response::Gap(_) => "Gap",
+        Response::End { .. } => "End",
+        Response::Acked(_) => "Acked",
+        Response::Streams(_) => "Streams",
+        Response::Status(_) => "Status",
+    }
+}
+
+/// Where a [`Link`] stands.
+#[derive(Debug)]
+pub enum LinkState {
+    /// No session has been attempted yet.
+    Idle,
+    /// A session is open.
+    Up(Connection),
+    /// The last session or attempt failed with this (transient) error;
+    /// the next attempt waits for the backoff first.
+    Down(Error),
+}
+
+/// A reconnecting session: the reconnect state machine shared by the
+/// publisher and the subscriber.
+///
+/// An outage starts with the first failure (a failed attempt or a lost
+/// session), not with the last success, so a session that sat idle for an
+/// hour still gets a full retry window when it breaks. The outage ends only
+/// when the owner reports that a session did useful work
+/// ([`Link::recovered`] or [`Link::progressed`]), so a daemon that accepts
+/// sessions but keeps refusing requests transiently (disk full) is given up
+/// on after the window too, rather than retried forever.
+#[derive(Debug)]
+pub struct Link {
+    connector: Connector,
+    state: LinkState,
+    backoff: Backoff,
+    outage_since: Option<Instant>,
+}
+
+impl Link {
+    /// A link that connects on the first [`Link::establish`].
+    pub fn new(connector: Connector) -> Self {
+        let backoff = Backoff::new(
+            connector.options.backoff_initial,
+            connector.options.backoff_cap,
+        );
+        Self {
+            connector,
+            state: LinkState::Idle,
+            backoff,
+            outage_since: None,
+        }
+    }
+
+    /// The connector sessions are opened with.
+    pub fn connector(&self) -> &Connector {
+        &self.connector
+    }
+
+    /// The current state.
+    pub fn state(&self) -> &LinkState {
+        &self.state
+    }
+
+    /// The open session, if there is one.
+    pub fn connection(&mut self) -> Option<&mut Connection> {
+        match &mut self.state {
+            LinkState::Up(conn) => Some(conn),
+            _ => None,
+        }
+    }
+
+    /// Gives up the link, keeping its open session if there is one.
+    pub fn into_connection(self) -> Option<Connection> {
+        match self.state {
+            LinkState::Up(conn) => Some(conn),
+            _ => None,
+        }
+    }
+
+    /// Makes sure a session is open. Returns `true` when it is a new one,
+    /// on which the owner must restore its state (resubscribe, resend).
+    ///
+    /// Cancel-safe: dropping the future leaves the link down, to be
+    /// retried, within the same window.
+    pub async fn establish(&mut self) -> Result<bool> {
+        if let LinkState::Up(_) = self.state {
+            return Ok(false);
+        }
+        let window = self.connector.options.retry_window;
+        loop {
+            if let LinkState::Down(_) = self.state {
+                let now = Instant::now();
+                let deadline = *self.outage_since.get_or_insert(now) + window;
+                if now >= deadline {
+                    return Err(self.give_up());
+                }
+                let wake = (now + self.backoff.next_delay()).min(deadline);
+                tokio::time::sleep_until(wake.into()).await;
+            }
+            let budget = match self.outage_since {
+                Some(since) => (since + window).saturating_duration_since(Instant::now()),
+                None => window,
+            };
+            match self.connector.connect_once(budget).await {
+                Ok(conn) => {
+                    self.state = LinkState::Up(conn);
+                    return Ok(true);
+                }
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(endpoint = %self.connector.endpoint, "connect failed: {e}");
+                    self.outage_since.get_or_insert_with(Instant::now);
+                    self.state = LinkState::Down(e);
+                }
+                Err(e) => {
+                    self.state = LinkState::Idle;
+                    self.outage_since = None;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Records that the session failed with `cause`. A transient cause
+    /// leaves the link down, to be re-established; any other cause is
+    /// handed back for the owner to return.
+    pub fn lose(&mut self, cause: Error) -> Result<()> {
+        if cause.is_transient() {
+            tracing::debug!(endpoint = %self.connector.endpoint, "session lost: {cause}");
+            self.outage_since.get_or_insert_with(Instant::now);
+            self.state = LinkState::Down(cause);
+            Ok(())
+        } else {
+            self.state = LinkState::Idle;
+            Err(cause)
+        }
+    }
+
+    /// The session is working again: the outage (and its retry window) is
+    /// over, but the backoff keeps growing, so a peer that keeps failing
+    /// right after accepting is not hammered.
+    pub fn recovered(&mut self) {
+        self.outage_since = None;
+    }
+
+    /// Real progress was made: the outage is over and the backoff restarts
+    /// from its initial delay.
+    pub fn progressed(&mut self) {
+        self.outage_since = None;
+        self.backoff.reset();
+    }
+
+    /// Ends an outage whose window ran out: the error to return.
+    fn give_up(&mut self) -> Error {
+        let state = std::mem::replace(&mut self.state, LinkState::Idle);
+        self.outage_since = None;
+        let cause = match state {
+            LinkState::Down(cause) => cause,
+            _ => Error::Closed {
+                endpoint: self.connector.endpoint.to_string(),
+            },
+        };
+        if cause.is_connection_failure() {
+            Error::Unreachable {
+                endpoint: self.connector.endpoint.to_string(),
+                waited: self.connector.options.retry_window,
+                last_error: cause_text(&cause),
+            }
+        } else {
+            cause
+        }
+    }
+}
+
+/// The part of a connection failure worth repeating after "cannot reach
+/// tetherd at X": the OS error, not our own wrapping of it.
+fn cause_text(cause: &Error) -> String {
+    match cause {
+        Error::Io { source, .. } => source.to_string(),
+        Error::Closed { .. } => "the daemon closed the connection".into(),
+        Error::Timeout { after, .. } => format!("no answer to Hello within {}", humanize(*after)),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn connector(path: &Path, window: Duration) -> Connector {
+        Connector::new(
+            Endpoint::unix(path),
+            ConnectOptions {
+                retry_window: window,
+                ..ConnectOptions::default()
+            },
+        )
+    }
+
+    #[tokio::test]
+    async fn missing_socket_gives_up_after_the_window_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.sock");
+        let started = Instant::now();
+        let err = connector(&path, Duration::from_millis(150))
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        assert_eq!(err.exit_code(), 4);
+        let text = err.to_string();
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(text.contains("No such file or directory"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_answers_hello_with_an_error_is_refused_at_once() {
+        use futures_util::SinkExt;
+        use tether_protocol::{ErrorCode, ErrorFrame, ServerCodec};
+        use tokio_util::codec::Framed;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut framed = Framed::new(stream, ServerCodec::new());
+            let _hello = framed.next().await;
+            framed
+                .send(Response::Error(ErrorFrame {
+                    code: ErrorCode::UNSUPPORTED_VERSION,
+                    message: "protocol version 1 is not supported".into(),
+                }))
+                .await
+                .unwrap();
+        });
+        let err = connector(&path, Duration::from_secs(5))
+            .connect()
+            .await
+            .unwrap_err();
+        assert_eq!(err.daemon_code(), Some(ErrorCode::UNSUPPORTED_VERSION));
+        assert!(err.to_string().contains("not supported"));
+        server.await.unwrap();
+    }
+}

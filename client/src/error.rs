@@ -1,0 +1,231 @@
+//! The crate's one error type and its mapping to process exit codes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tether_protocol::ErrorCode;
+
+/// Exit code: success.
+pub const EXIT_OK: u8 = 0;
+/// Exit code: any failure without a more specific code.
+pub const EXIT_ERROR: u8 = 1;
+/// Exit code: the command line was wrong.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: no such stream (or execution, or checkpoint).
+pub const EXIT_NOT_FOUND: u8 = 3;
+/// Exit code: the daemon could not be reached within the retry window.
+pub const EXIT_UNREACHABLE: u8 = 4;
+
+/// Everything that can go wrong in the client library and the CLI.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No session could be opened within the retry window. `last_error`
+    /// is the last failure seen (usually the OS error of `connect`).
+    #[error("cannot reach tetherd at {endpoint} (gave up after {}): {last_error}", humanize(*.waited))]
+    Unreachable {
+        endpoint: String,
+        waited: Duration,
+        last_error: String,
+    },
+
+    /// The daemon refused a request. It closes the connection after this.
+    #[error("{message} ({code})")]
+    Daemon { code: ErrorCode, message: String },
+
+    /// A socket operation failed; the session is lost.
+    #[error("connection to {endpoint} failed: {source}")]
+    Io {
+        endpoint: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The daemon closed the connection without saying why.
+    #[error("tetherd at {endpoint} closed the connection")]
+    Closed { endpoint: String },
+
+    /// The daemon did not answer in time.
+    #[error("tetherd at {endpoint} did not answer within {}", humanize(*.after))]
+    Timeout { endpoint: String, after: Duration },
+
+    /// The client dropped a session on purpose, to resume from the last
+    /// position it trusts (for example after an unexpected seq).
+    #[error("session dropped to resume: {reason}")]
+    Resync { reason: String },
+
+    /// A message could not be framed, parsed or encoded.
+    #[error("{0}")]
+    Codec(#[from] tether_protocol::Error),
+
+    /// The daemon sent something the protocol does not allow here.
+    #[error("protocol violation by tetherd: {0}")]
+    Protocol(String),
+
+    /// A payload would not fit in one frame.
+    #[error("a payload of {len} bytes exceeds the maximum of {max} bytes per frame")]
+    PayloadTooLarge { len: usize, max: usize },
+
+    /// A `tether publish` input line would not fit in one frame.
+    #[error("line {line} is longer than the maximum of {max} bytes per frame")]
+    LineTooLong { line: u64, max: usize },
+
+    /// The caller used the library or the command line wrongly.
+    #[error("{0}")]
+    Usage(String),
+
+    /// A cursor file could not be read, parsed or written.
+    #[error("cursor file {}: {detail}", path.display())]
+    Cursor { path: PathBuf, detail: String },
+
+    /// Local I/O (stdin, stdout, files) failed.
+    #[error("{context}: {source}")]
+    Local {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The process exit code this error maps to: 1 error, 2 usage, 3 not
+    /// found, 4 cannot reach the daemon.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Unreachable { .. } => EXIT_UNREACHABLE,
+            Error::Daemon { code, .. } if *code == ErrorCode::NOT_FOUND => EXIT_NOT_FOUND,
+            Error::Usage(_) => EXIT_USAGE,
+            _ => EXIT_ERROR,
+        }
+    }
+
+    /// True when reconnecting (after a backoff) may cure the failure: lost
+    /// connections, timeouts, and daemon errors it marks as transient.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Io { .. }
+            | Error::Closed { .. }
+            | Error::Timeout { .. }
+            | Error::Resync { .. } => true,
+            Error::Daemon { code, .. } => code.is_transient(),
+            // A frame cut short by a dropped connection is a lost session,
+            // not a sign of a confused peer.
+            Error::Codec(tether_protocol::Error::Io(_)) => true,
+            Error::Codec(tether_protocol::Error::Truncated { .. }) => true,
+            _ => false,
+        }
+    }
+
+    /// True for failures to reach the daemon at all (as opposed to the
+    /// daemon answering with an error). These become [`Error::Unreachable`]
+    /// when the retry window runs out.
+    pub fn is_connection_failure(&self) -> bool {
+        matches!(
+            self,
+            Error::Io { .. }
+                | Error::Closed { .. }
+                | Error::Timeout { .. }
+                | Error::Codec(tether_protocol::Error::Io(_))
+                | Error::Codec(tether_protocol::Error::Truncated { .. })
+        )
+    }
+
+    /// The daemon's error code, when the daemon refused something.
+    pub fn daemon_code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::Daemon { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// A duration as people write it: `200ms`, `30s`, `2m5s`.
+pub(crate) fn humanize(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    if !ms.is_multiple_of(1000) {
+        return format!("{:.1}s", d.as_secs_f64());
+    }
+    let secs = d.as_secs();
+    match (secs / 3600, secs / 60 % 60, secs % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, 0) => format!("{m}m"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, m, s) => format!("{h}h{m}m{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_contract() {
+        let unreachable = Error::Unreachable {
+            endpoint: "/x.sock".into(),
+            waited: Duration::from_millis(200),
+            last_error: "no such file".into(),
+        };
+        assert_eq!(unreachable.exit_code(), 4);
+        let missing = Error::Daemon {
+            code: ErrorCode::NOT_FOUND,
+            message: "no stream".into(),
+        };
+        assert_eq!(missing.exit_code(), 3);
+        assert_eq!(Error::Usage("bad".into()).exit_code(), 2);
+        let refused = Error::Daemon {
+            code: ErrorCode::INVALID_REQUEST,
+            message: "beyond".into(),
+        };
+        assert_eq!(refused.exit_code(), 1);
+    }
+
+    #[test]
+    fn unreachable_names_the_socket_and_the_cause() {
+        let e = Error::Unreachable {
+            endpoint: "/run/t.sock".into(),
+            waited: Duration::from_millis(200),
+            last_error: "No such file or directory (os error 2)".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot reach tetherd at /run/t.sock (gave up after 200ms): \
+             No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn transient_errors_are_the_retryable_ones() {
+        let full = Error::Daemon {
+            code: ErrorCode::STORAGE_FULL,
+            message: "disk full".into(),
+        };
+        assert!(full.is_transient());
+        assert!(!full.is_connection_failure());
+        let closed = Error::Closed {
+            endpoint: "s".into(),
+        };
+        assert!(closed.is_transient() && closed.is_connection_failure());
+        let missing = Error::Daemon {
+            code: ErrorCode::NOT_FOUND,
+            message: "x".into(),
+        };
+        assert!(!missing.is_transient());
+    }
+
+    #[test]
+    fn durations_are_humanized() {
+        assert_eq!(humanize(Duration::from_millis(200)), "200ms");
+        assert_eq!(humanize(Duration::from_secs(30)), "30s");
+        assert_eq!(humanize(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(humanize(Duration::from_secs(120)), "2m");
+        assert_eq!(humanize(Duration::from_secs(125)), "2m5s");
+        assert_eq!(humanize(Duration::from_secs(3661)), "1h1m1s");
+    }
+}

@@ -1,0 +1,599 @@
+//! One client's session: Hello, then requests until the client leaves, the
+//! daemon shuts down, or a request is refused.
+//!
+//! Appends and acks are pipelined: each becomes a future in an ordered set,
+//! so the session keeps reading while earlier commits are in flight and
+//! still answers in request order. Consecutive appends already buffered on
+//! the socket are handed to the queue as one batch. Other requests first let
+//! the pipeline drain, which keeps every answer in order without bookkeeping.
+//!
+//! A subscription runs in a pump task of its own that feeds a channel of
+//! capacity [`SUBSCRIPTION_BACKLOG`], so reading from the store never has to
+//! be cancelled by `select!`, and a slow client holds at most that many
+//! batches here; everything else waits in the store.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::stream::FuturesOrdered;
+use futures_util::{FutureExt, SinkExt, StreamExt};
+use tether_protocol::codec::{decode_message, peek_hello_version};
+use tether_protocol::{
+    validate_name, Appended, Capabilities, Durable, DurableAck, DurableResume, ErrorCode,
+    ErrorFrame, Hello, HelloOk, Request, Response, ServerCodec, StartAt, StatusInfo, Subscribe,
+    Subscribed, PROTOCOL_VERSION,
+};
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::queue::{AppendOutcome, Queue};
+use crate::subscription::{SubEvent, Subscription};
+use crate::{Config, Error};
+
+/// What every session shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub queue: Queue,
+    pub config: Config,
+    pub started: Instant,
+    /// Sessions currently open (for `tether status`).
+    pub connections: AtomicU64,
+}
+
+/// A client has this long to send its Hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+/// A Hello is small; a longer first frame is refused without reading it.
+const MAX_HELLO_LEN: usize = 64 * 1024;
+/// Append or ack batches in flight per session before it stops reading.
+const MAX_PIPELINE: usize = 64;
+/// Appends gathered into one batch from what is already buffered.
+const MAX_APPEND_BATCH: usize = 4096;
+/// Subscription events buffered between the pump and the socket.
+const SUBSCRIPTION_BACKLOG: usize = 2;
+
+/// Why a session ends with an error frame.
+#[derive(Debug)]
+struct Refusal {
+    code: ErrorCode,
+    message: String,
+}
+
+impl Refusal {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for Refusal {
+    fn from(e: Error) -> Self {
+        Self::new(e.code(), e.to_string())
+    }
+}
+
+impl From<tether_protocol::Error> for Refusal {
+    fn from(e: tether_protocol::Error) -> Self {
+        Error::from(e).into()
+    }
+}
+
+/// How a session ended without a refusal.
+enum Ending {
+    /// The client closed its side.
+    ClientLeft,
+    /// The daemon is shutting down; the client is told so and may reconnect.
+    Shutdown,
+}
+
+type Pending = Pin<Box<dyn Future<Output = Result<Vec<Response>, Error>> + Send>>;
+
+/// The open subscription of a session.
+struct ActiveSubscription {
+    stream: String,
+    consumer: Option<String>,
+    durable: bool,
+    /// `None` once a non-following subscription has sent `End`; the
+    /// subscription still names the consumer its acks are for.
+    events: Option<mpsc::Receiver<crate::Result<SubEvent>>>,
+    _pump: AbortOnDropHandle<()>,
+}
+
+/// Serves one connection to its end. Never panics on input; every failure
+/// is answered with an error frame (when the socket still takes one) and
+/// logged.
+pub async fn run(stream: UnixStream, shared: Arc<Shared>, shutdown: CancellationToken) {
+    shared.connections.fetch_add(1, Ordering::Relaxed);
+    let (read_half, write_half) = stream.into_split();
+    let out = FramedWrite::new(write_half, ServerCodec::with_max_frame_len(usize::MAX));
+    let mut session = Session {
+        shared: shared.clone(),
+        out,
+        durable: false,
+        subscription: None,
+        pending: FuturesOrdered::new(),
+    };
+    match session.serve(read_half, &shutdown).await {
+        Ok(Ending::ClientLeft) => {}
+        Ok(Ending::Shutdown) => {
+            session
+                .send_error(Refusal::new(
+                    ErrorCode::SHUTTING_DOWN,
+                    "the daemon is shutting down; reconnect to resume",
+                ))
+                .await;
+        }
+        Err(refusal) => {
+            tracing::warn!(code = %refusal.code, "closing connection: {}", refusal.message);
+            session.send_error(refusal).await;
+        }
+    }
+    shared.connections.fetch_sub(1, Ordering::Relaxed);
+}
+
+struct Session {
+    shared: Arc<Shared>,
+    out: FramedWrite<OwnedWriteHalf, ServerCodec>,
+    durable: bool,
+    subscription: Option<ActiveSubscription>,
+    pending: FuturesOrdered<Pending>,
+}
+
+impl Session {
+    async fn serve(
+        &mut self,
+        mut read_half: OwnedReadHalf,
+        shutdown: &CancellationToken,
+    ) -> Result<Ending, Refusal> {
+        let hello = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(Ending::Shutdown),
+            hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut read_half, self.shared.config.max_frame_len)) => match hello {
+                Err(_) => return Err(Refusal::new(ErrorCode::HELLO_REQUIRED, format!("no Hello within {HELLO_TIMEOUT:?}"))),
+                Ok(Ok(Some(hello))) => hello,
+                Ok(Ok(None)) => return Ok(Ending::ClientLeft),
+                Ok(Err(refusal)) => return Err(refusal),
+            },
+        };
+        self.accept_hello(&hello).await?;
+
+        let codec = ServerCodec::with_max_frame_len(self.shared.config.max_frame_len);
+        let mut reader = FramedRead::new(read_half, codec);
+        let mut reading = true;
+        loop {
+            if !reading && self.pending.is_empty() {
+                return Ok(if shutdown.is_cancelled() {
+                    Ending::Shutdown
+                } else {
+                    Ending::ClientLeft
+                });
+            }
+            let subscribed = self
+                .subscription
+                .as_ref()
+                .is_some_and(|s| s.events.is_some());
+            tokio::select! {
+                // Shutdown stops reading; what is already in flight is
+                // finished and answered before the session ends.
+                _ = shutdown.cancelled(), if reading => reading = false,
+                Some(done) = self.pending.next(), if !self.pending.is_empty() => {
+                    self.send_all(done?).await?;
+                }
+                event = recv_event(&mut self.subscription), if subscribed => {
+                    self.deliver(event).await?;
+                }
+                request = reader.next(), if reading && self.pending.len() < MAX_PIPELINE => {
+                    match request {
+                        None => reading = false,
+                        Some(Err(e)) => return Err(e.into()),
+                        Some(Ok(request)) => self.dispatch(request, &mut reader).await?,
+                    }
+                }
+            }
+        }
+    }
+
+    async fn accept_hello(&mut self, hello: &Hello) -> Result<(), Refusal> {
+        let granted = hello.capabilities.intersect(Capabilities::ALL);
+        self.durable = granted.contains(Capabilities::DURABLE);
+        tracing::debug!(client = %hello.client, durable = self.durable, "session opened");
+        let ok = Response::HelloOk(HelloOk {
+            version: PROTOCOL_VERSION,
+            capabilities: granted,
+            daemon: env!("CARGO_PKG_VERSION").to_owned(),
+        });
+        self.send_all(vec![ok]).await
+    }
+
+    /// Handles one request. Appends gather whatever further appends are
+    /// already buffered into the same batch.
+    async fn dispatch(
+        &mut self,
+        first: Request,
+        reader: &mut FramedRead<OwnedReadHalf, ServerCodec>,
+    ) -> Result<(), Refusal> {
+        let mut next = Some(first);
+        while let Some(request) = next.take() {
+            match request {
+                Request::Append(append) => {
+                    let mut batch = vec![append];
+                    while batch.len() < MAX_APPEND_BATCH {
+                        match reader.next().now_or_never() {
+                            Some(Some(Ok(Request::Append(more)))) => batch.push(more),
+                            Some(Some(Ok(other))) => {
+                                next = Some(other);
+                                break;
+                            }
+                            Some(Some(Err(e))) => return Err(e.into()),
+                            // Nothing more buffered (or the client closed:
+                            // the read loop will see that next).
+                            Some(None) | None => break,
+                        }
+                    }
+                    self.start_appends(batch)?;
+                }
+                Request::DurableAck(ack) => self.start_ack(ack)?,
+                other => {
+                    // Keep answers in request order: finish the pipeline first.
+                    while let Some(done) = self.pending.next().await {
+                        self.send_all(done?).await?;
+                    }
+                    self.handle_control(other).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn start_appends(&mut self, batch: Vec<tether_protocol::Append>) -> Result<(), Refusal> {
+        for append in &batch {
+            validate_name("stream", &append.stream)?;
+            validate_name("producer", &append.producer)?;
+        }
+        let queue = self.shared.queue.clone();
+        self.pending.push_back(Box::pin(async move {
+            let outcomes = queue.append(batch).await?;
+            Ok(coalesce_acks(outcomes))
+        }));
+        Ok(())
+    }
+
+    fn start_ack(&mut self, ack: DurableAck) -> Result<(), Refusal> {
+        let Some(sub) = &self.subscription else {
+            return Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                "DurableAck needs an open subscription with a consumer name",
+            ));
+        };
+        let Some(consumer) = sub.consumer.clone() else {
+            return Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                format!(
+                    "DurableAck on stream {:?} needs a subscription opened with a consumer name",
+                    sub.stream
+                ),
+            ));
+        };
+        let stream = sub.stream.clone();
+        let queue = self.shared.queue.clone();
+        self.pending.push_back(Box::pin(async move {
+            queue.ack(&stream, &consumer, ack.through_seq).await?;
+            Ok(vec![Response::Acked(ack)])
+        }));
+        Ok(())
+    }
+
+    async fn handle_control(&mut self, request: Request) -> Result<(), Refusal> {
+        match request {
+            Request::Hello(_) => Err(Refusal::new(
+                ErrorCode::HELLO_REQUIRED,
+                "Hello was already received on this connection",
+            )),
+            Request::Subscribe(subscribe) => self.open_subscription(subscribe).await,
+            Request::DurableResume(resume) => self.resume_subscription(resume).await,
+            Request::ListStreams => {
+                let streams = self.shared.queue.list_streams().await?;
+                self.send_all(vec![Response::Streams(streams)]).await
+            }
+            Request::Status => {
+                let status = self.status();
+                self.send_all(vec![Response::Status(status)]).await
+            }
+            Request::Append(_) | Request::DurableAck(_) => Err(Refusal::new(
+                ErrorCode::INTERNAL,
+                "pipelined request reached the control path",
+            )),
+        }
+    }
+
+    async fn open_subscription(&mut self, req: Subscribe) -> Result<(), Refusal> {
+        self.check_subscribable(&req.stream, req.consumer.as_deref())?;
+        let queue = &self.shared.queue;
+        let (first, last) = range_of(queue, &req.stream)?;
+        if !self.durable {
+            // Plain clients get live frames from now on and no replay.
+            let sub = queue.subscribe_live(&req.stream)?;
+            return self.attach(sub, req.stream, None, first, last).await;
+        }
+        let stored_ack = match &req.consumer {
+            Some(consumer) => Some(queue.open_consumer(&req.stream, consumer).await?),
+            None => None,
+        };
+        let after = match req.start {
+            StartAt::Oldest => first.saturating_sub(1),
+            StartAt::Last(n) => last.saturating_sub(n).max(first.saturating_sub(1)),
+            StartAt::Now => last,
+            StartAt::ConsumerAck => stored_ack.ok_or_else(|| {
+                Refusal::new(
+                    ErrorCode::INVALID_REQUEST,
+                    "StartAt::ConsumerAck needs a consumer name",
+                )
+            })?,
+        };
+        let sub = queue.subscribe(&req.stream, after, req.follow)?;
+        self.attach(sub, req.stream, req.consumer, first, last)
+            .await
+    }
+
+    async fn resume_subscription(&mut self, req: DurableResume) -> Result<(), Refusal> {
+        if !self.durable {
+            return Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                "DurableResume needs the durable capability in Hello",
+            ));
+        }
+        self.check_subscribable(&req.stream, req.consumer.as_deref())?;
+        let queue = &self.shared.queue;
+        let (first, last) = range_of(queue, &req.stream)?;
+        if let Some(consumer) = &req.consumer {
+            queue.open_consumer(&req.stream, consumer).await?;
+        }
+        let sub = queue.subscribe(&req.stream, req.acked_through, req.follow)?;
+        self.attach(sub, req.stream, req.consumer, first, last)
+            .await
+    }
+
+    fn check_subscribable(&self, stream: &str, consumer: Option<&str>) -> Result<(), Refusal> {
+        if let Some(sub) = &self.subscription {
+            return Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                format!(
+                    "this connection already has a subscription (stream {:?}); open another connection",
+                    sub.stream
+                ),
+            ));
+        }
+        validate_name("stream", stream)?;
+        if let Some(consumer) = consumer {
+            validate_name("consumer", consumer)?;
+        }
+        Ok(())
+    }
+
+    /// Starts the pump task for `sub` and confirms the subscription.
+    async fn attach(
+        &mut self,
+        mut sub: Subscription,
+        stream: String,
+        consumer: Option<String>,
+        first_seq: u64,
+        last_seq: u64,
+    ) -> Result<(), Refusal> {
+        let (tx, events) = mpsc::channel(SUBSCRIPTION_BACKLOG);
+        let pump = tokio::spawn(async move {
+            loop {
+                let event = sub.next().await;
+                let last = matches!(event, Ok(SubEvent::End { .. }) | Err(_));
+                if tx.send(event).await.is_err() || last {
+                    break;
+                }
+            }
+        });
+        self.subscription = Some(ActiveSubscription {
+            stream,
+            consumer,
+            durable: self.durable,
+            events: Some(events),
+            _pump: AbortOnDropHandle::new(pump),
+        });
+        self.send_all(vec![Response::Subscribed(Subscribed {
+            first_seq,
+            last_seq,
+        })])
+        .await
+    }
+
+    async fn deliver(&mut self, event: Option<crate::Result<SubEvent>>) -> Result<(), Refusal> {
+        let durable = self.subscription.as_ref().is_some_and(|s| s.durable);
+        match event {
+            Some(Ok(SubEvent::Frames(frames))) => {
+                for (seq, frame) in frames {
+                    let message = if durable {
+                        Response::Durable(Durable { seq, frame })
+                    } else {
+                        Response::Live(frame)
+                    };
+                    self.out.feed(message).await.map_err(write_failed)?;
+                }
+                self.out.flush().await.map_err(write_failed)
+            }
+            // A plain (non-durable) client has no seqs to make sense of a
+            // gap; it simply sees the next live frame.
+            Some(Ok(SubEvent::Gap(_))) if !durable => Ok(()),
+            Some(Ok(SubEvent::Gap(gap))) => self.send_all(vec![Response::Gap(gap)]).await,
+            Some(Ok(SubEvent::End { last_seq })) => {
+                // Nothing more will be delivered, but the session stays
+                // open and the consumer may still ack what it received.
+                if let Some(sub) = &mut self.subscription {
+                    sub.events = None;
+                }
+                self.send_all(vec![Response::End { last_seq }]).await
+            }
+            Some(Err(e)) => Err(e.into()),
+            None => Err(Refusal::new(
+                ErrorCode::INTERNAL,
+                "the subscription stopped unexpectedly",
+            )),
+        }
+    }
+
+    fn status(&self) -> StatusInfo {
+        let shared = &self.shared;
+        StatusInfo {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            protocol: PROTOCOL_VERSION,
+            pid: std::process::id(),
+            uptime_secs: shared.started.elapsed().as_secs(),
+            socket: shared.config.socket.display().to_string(),
+            state_dir: shared.config.state_dir.display().to_string(),
+            store_bytes: shared.queue.store_bytes(),
+            streams: shared.queue.stream_count(),
+            executions: 0,
+            connections: shared.connections.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn send_all(&mut self, responses: Vec<Response>) -> Result<(), Refusal> {
+        for response in responses {
+            self.out.feed(response).await.map_err(write_failed)?;
+        }
+        self.out.flush().await.map_err(write_failed)
+    }
+
+    /// Best effort: the client may already be gone.
+    async fn send_error(&mut self, refusal: Refusal) {
+        let frame = Response::Error(ErrorFrame {
+            code: refusal.code,
+            message: refusal.message,
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.out.send(frame)).await;
+    }
+}
+
+/// Waits for the subscription's next event. Only polled while one exists.
+async fn recv_event(
+    subscription: &mut Option<ActiveSubscription>,
+) -> Option<crate::Result<SubEvent>> {
+    match subscription.as_mut().and_then(|s| s.events.as_mut()) {
+        Some(events) => events.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn range_of(queue: &Queue, stream: &str) -> Result<(u64, u64), Refusal> {
+    queue
+        .stream_range(stream)
+        .ok_or_else(|| Error::StreamNotFound(stream.to_owned()).into())
+}
+
+/// A failed write means the client is gone; the refusal is only logged.
+fn write_failed(e: tether_protocol::Error) -> Refusal {
+    Refusal::new(ErrorCode::INTERNAL, format!("cannot write to client: {e}"))
+}
+
+/// One cumulative `Appended` per (stream, producer) of a committed batch,
+/// carrying its highest producer seq. Appends of one producer arrive in
+/// producer-seq order, so the last outcome of each pair is the highest.
+fn coalesce_acks(outcomes: Vec<AppendOutcome>) -> Vec<Response> {
+    let mut acks: Vec<Appended> = Vec::new();
+    for outcome in outcomes {
+        match acks
+            .iter_mut()
+            .find(|a| a.stream == outcome.stream && a.producer == outcome.producer)
+        {
+            Some(ack) => {
+                ack.producer_seq = outcome.producer_seq;
+                ack.seq = outcome.seq;
+            }
+            None => acks.push(Appended {
+                stream: outcome.stream,
+                producer: outcome.producer,
+                producer_seq: outcome.producer_seq,
+                seq: outcome.seq,
+            }),
+        }
+    }
+    acks.into_iter().map(Response::Appended).collect()
+}
+
+/// Reads the first frame by hand, so that a Hello of another protocol
+/// version is recognised by its leading version field even when the rest
+/// of it has a layout this build cannot parse. `Ok(None)`: the client left
+/// before sending anything.
+async fn read_hello(
+    read_half: &mut OwnedReadHalf,
+    max_frame_len: usize,
+) -> Result<Option<Hello>, Refusal> {
+    let mut prefix = [0u8; 4];
+    let got = read_full(read_half, &mut prefix).await?;
+    if got == 0 {
+        return Ok(None);
+    }
+    if got < prefix.len() {
+        return Err(tether_protocol::Error::Truncated {
+            received: got,
+            expected: prefix.len(),
+        }
+        .into());
+    }
+    let len = u32::from_be_bytes(prefix) as usize;
+    let limit = max_frame_len.min(MAX_HELLO_LEN);
+    if len > limit {
+        return Err(Refusal::new(
+            ErrorCode::FRAME_TOO_LARGE,
+            format!("frame of {len} bytes exceeds the maximum of {limit} bytes for a Hello"),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    let got = read_full(read_half, &mut body).await?;
+    if got < len {
+        return Err(tether_protocol::Error::Truncated {
+            received: prefix.len() + got,
+            expected: prefix.len() + len,
+        }
+        .into());
+    }
+    if let Some(version) = peek_hello_version(&body) {
+        if version != PROTOCOL_VERSION {
+            return Err(Refusal::new(
+                ErrorCode::UNSUPPORTED_VERSION,
+                format!(
+                    "protocol version {version} is not supported; this daemon speaks version {PROTOCOL_VERSION}"
+                ),
+            ));
+        }
+    }
+    match decode_message::<Request>(&body)? {
+        Request::Hello(hello) => Ok(Some(hello)),
+        other => Err(Refusal::new(
+            ErrorCode::HELLO_REQUIRED,
+            format!("the first message must be Hello, got {}", other.name()),
+        )),
+    }
+}
+
+/// Fills `buf` unless the peer closes first; returns how much arrived.
+async fn read_full(read_half: &mut OwnedReadHalf, buf: &mut [u8]) -> Result<usize, Refusal> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let n = read_half.read(&mut buf[filled..]).await.map_err(|e| {
+            Refusal::new(
+                ErrorCode::MALFORMED,
+                format!("cannot read from client: {e}"),
+            )
+        })?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    Ok(filled)
+}

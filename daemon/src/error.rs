@@ -1,0 +1,87 @@
+//! The daemon's one error type, and its translation to wire error codes.
+
+use std::path::PathBuf;
+
+use tether_protocol::ErrorCode;
+
+/// Everything that can go wrong inside `tetherd`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The store file exists but is not a readable redb database. The daemon
+    /// refuses to start and does not touch the file.
+    #[error("store {path} is corrupt or unreadable: {detail}")]
+    CorruptStore { path: PathBuf, detail: String },
+
+    /// Another daemon holds the state directory's lock.
+    #[error("state directory {dir} is in use by {holder}")]
+    AlreadyRunning { dir: PathBuf, holder: String },
+
+    /// The disk holding the store is full; nothing of the failed commit was stored.
+    #[error("disk full: the store could not commit ({detail})")]
+    DiskFull { detail: String },
+
+    /// Any other storage failure; the operation was not carried out.
+    #[error("storage error: {0}")]
+    Storage(String),
+
+    /// No stream by that name.
+    #[error("no such stream {0:?}")]
+    StreamNotFound(String),
+
+    /// A well-formed request that cannot be carried out as asked.
+    #[error("{0}")]
+    InvalidRequest(String),
+
+    /// The daemon is shutting down and takes no new work.
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+
+    /// A configuration value is wrong.
+    #[error("configuration: {0}")]
+    Config(String),
+
+    /// An I/O failure with the path or action it concerned.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A wire-level failure on one connection.
+    #[error(transparent)]
+    Protocol(#[from] tether_protocol::Error),
+}
+
+/// Result with the daemon [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An [`Error::Io`] naming what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// The wire error code a client sees for this error. The one place where
+    /// daemon errors become protocol errors.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::DiskFull { .. } => ErrorCode::STORAGE_FULL,
+            Error::Storage(_) | Error::CorruptStore { .. } | Error::Io { .. } => ErrorCode::STORAGE,
+            Error::StreamNotFound(_) => ErrorCode::NOT_FOUND,
+            Error::InvalidRequest(_) => ErrorCode::INVALID_REQUEST,
+            Error::ShuttingDown => ErrorCode::SHUTTING_DOWN,
+            Error::Protocol(tether_protocol::Error::FrameTooLarge { .. }) => {
+                ErrorCode::FRAME_TOO_LARGE
+            }
+            Error::Protocol(tether_protocol::Error::InvalidName { .. }) => {
+                ErrorCode::INVALID_REQUEST
+            }
+            Error::Protocol(_) => ErrorCode::MALFORMED,
+            Error::AlreadyRunning { .. } | Error::Config(_) => ErrorCode::INTERNAL,
+        }
+    }
+}

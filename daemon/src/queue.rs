@@ -1,0 +1,1118 @@
+//! The queue: appends become seqs, acks become compaction.
+//!
+//! [`Queue`] is a cheap handle. Behind it one dedicated thread, the writer,
+//! owns every write transaction. It blocks for a command, then takes every
+//! command already waiting (up to a bound), applies them all in one write
+//! transaction and commits it with immediate durability: one fsync for many
+//! frames (group commit). Only then does it hand the committed frames to the
+//! [`Hub`] and answer each command, so nothing is delivered or acknowledged
+//! before its commit.
+//!
+//! The writer keeps every stream's metadata, producers' dedupe state and
+//! consumers' acks in memory, so an append needs no read. When a commit
+//! fails, every command of that batch gets the error and the writer reloads
+//! those caches from the store, so nothing half-applied lingers.
+//!
+//! Compaction and retention run on the writer too, one bounded batch at a
+//! time and only when no command is waiting, so they never delay an append
+//! by more than one small batch.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tether_protocol::{validate_name, Append, Frame, StreamInfo};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::Retention;
+use crate::hub::{Hub, StreamUpdate, DEFAULT_FOLLOWER_BUDGET};
+use crate::store::{ProducerState, Snapshot, Store, StreamMeta, WriteTxn};
+use crate::subscription::Subscription;
+use crate::{Error, Result};
+
+/// Commands that may wait for the writer. Senders wait (asynchronously)
+/// beyond it, which bounds the memory of queued work.
+const COMMAND_CAPACITY: usize = 1024;
+
+/// Frames deleted by one compaction or retention batch, at most.
+const COMPACT_BATCH: u64 = 4096;
+
+/// Under a steady stream of commands the writer is never idle; it still
+/// runs one compaction batch after this many command batches, so that
+/// retention keeps up with a busy stream.
+const COMPACT_EVERY_BATCHES: u32 = 64;
+
+/// How often age retention is checked.
+const AGE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long compaction rests after it failed, so that a persistent failure
+/// (a full disk) does not keep the writer spinning.
+const COMPACT_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// How the queue batches and what it retains.
+#[derive(Clone, Debug)]
+pub struct QueueOptions {
+    /// Per-stream retention limits.
+    pub retention: Retention,
+    /// Frames committed together at most (a single larger append call
+    /// still commits whole).
+    pub max_batch_frames: usize,
+    /// Payload bytes committed together at most (same exception).
+    pub max_batch_bytes: usize,
+}
+
+impl Default for QueueOptions {
+    fn default() -> Self {
+        Self {
+            retention: Retention::default(),
+            max_batch_frames: 4096,
+            max_batch_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// The result of one [`Append`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendOutcome {
+    pub stream: String,
+    pub producer: String,
+    pub producer_seq: u64,
+    /// The frame's stream seq; for a duplicate, the seq of the producer's
+    /// newest stored frame.
+    pub seq: u64,
+    /// The append was a resend of one already stored and was not stored
+    /// again.
+    pub duplicate: bool,
+}
+
+/// A handle to the store and its writer. Clones share them.
+#[derive(Clone, Debug)]
+pub struct Queue {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<Store>,
+    hub: Arc<Hub>,
+    /// `None` once closing began: new commands are refused.
+    tx: Mutex<Option<mpsc::Sender<Command>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Both mutexes guard a single `Option` that is only taken or read, so
+    // its value is sound even after a panic elsewhere.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Queue {
+    /// Opens (or creates) the store at `store_path`, loads its state and
+    /// starts the writer thread.
+    pub fn open(store_path: &Path, opts: QueueOptions) -> Result<Queue> {
+        let store = Arc::new(Store::open(store_path)?);
+        let snapshot = store.load()?;
+        let hub = Arc::new(Hub::new(DEFAULT_FOLLOWER_BUDGET));
+        let (tx, rx) = mpsc::channel(COMMAND_CAPACITY);
+        let mut writer = Writer {
+            store: store.clone(),
+            hub: hub.clone(),
+            opts,
+            rx,
+            state: State::default(),
+            healthy: true,
+            last_ts: 0,
+            dirty: VecDeque::new(),
+            dirty_set: HashSet::new(),
+            next_age_check: Instant::now(),
+            compaction_paused_until: None,
+        };
+        writer.install(snapshot);
+        let handle = spawn_writer(writer)?;
+        Ok(Queue {
+            inner: Arc::new(Inner {
+                store,
+                hub,
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(Some(handle)),
+            }),
+        })
+    }
+
+    /// Appends frames. All appends of one call commit together (maybe with
+    /// others); resolves after the commit. Streams are created on first
+    /// append. Dedupe: an append whose `producer_seq` is at or below the
+    /// newest one stored for its (stream, producer) is a duplicate: it is not
+    /// stored again, and its outcome carries that producer's newest seq.
+    /// An invalid stream or producer name fails the whole call.
+    pub async fn append(&self, appends: Vec<Append>) -> Result<Vec<AppendOutcome>> {
+        if appends.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(Request::Append(appends), Reply::Append).await
+    }
+
+    /// Creates the durable consumer if absent, with nothing acked (its ack is
+    /// the stream's first retained seq minus one); returns its ack.
+    pub async fn open_consumer(&self, stream: &str, consumer: &str) -> Result<u64> {
+        let request = Request::OpenConsumer {
+            stream: stream.to_owned(),
+            consumer: consumer.to_owned(),
+        };
+        self.call(request, Reply::OpenConsumer).await
+    }
+
+    /// Records that `consumer` processed `stream` through `through_seq`;
+    /// durable when it resolves. An ack beyond the stream's last seq is
+    /// [`Error::InvalidRequest`]; one below the stored ack changes nothing
+    /// (acks never go backwards). Unknown consumers are created.
+    pub async fn ack(&self, stream: &str, consumer: &str, through_seq: u64) -> Result<()> {
+        let request = Request::Ack {
+            stream: stream.to_owned(),
+            consumer: consumer.to_owned(),
+            through_seq,
+        };
+        self.call(request, Reply::Ack).await
+    }
+
+    /// The committed (first_seq, last_seq) of `stream`; `None` if there is
+    /// no such stream. An empty stream has `first == last + 1`.
+    pub fn stream_range(&self, stream: &str) -> Option<(u64, u64)> {
+        self.inner.hub.range(stream)
+    }
+
+    /// A durable subscription delivering the seqs after `after_seq`. Without
+    /// `follow` it ends with [`SubEvent::End`](crate::subscription::SubEvent)
+    /// after the stream's last seq at the time of this call.
+    pub fn subscribe(&self, stream: &str, after_seq: u64, follow: bool) -> Result<Subscription> {
+        self.inner.check_open()?;
+        let (_, last) = self
+            .stream_range(stream)
+            .ok_or_else(|| Error::StreamNotFound(stream.to_owned()))?;
+        if after_seq > last {
+            return Err(Error::InvalidRequest(format!(
+                "resume after seq {after_seq} is beyond the last seq {last} of stream {stream}"
+            )));
+        }
+        Ok(Subscription::new(
+            self.inner.store.clone(),
+            self.inner.hub.clone(),
+            stream,
+            after_seq + 1,
+            (!follow).then_some(last),
+        ))
+    }
+
+    /// A following subscription with no replay: it delivers the frames
+    /// committed after this call. It still falls back to the store when it
+    /// cannot keep up, so it skips nothing without a gap notice.
+    pub fn subscribe_live(&self, stream: &str) -> Result<Subscription> {
+        self.inner.check_open()?;
+        let registration = self.inner.hub.register(stream)?;
+        Ok(Subscription::from_registration(
+            self.inner.store.clone(),
+            self.inner.hub.clone(),
+            stream,
+            registration,
+        ))
+    }
+
+    /// One row per stream, in name order.
+    pub async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
+        let store = self.inner.store.clone();
+        tokio::task::spawn_blocking(move || store.list_streams())
+            .await
+            .map_err(|e| Error::Storage(format!("store read task failed: {e}")))?
+    }
+
+    /// How many streams exist.
+    pub fn stream_count(&self) -> u64 {
+        self.inner.hub.stream_count()
+    }
+
+    /// Runs every compaction and retention batch that is due now (age
+    /// retention included), then resolves. Compaction otherwise runs by
+    /// itself whenever the writer is idle; this makes it observable.
+    pub async fn compact(&self) -> Result<()> {
+        self.call(Request::Compact, Reply::Compact).await
+    }
+
+    /// Size of the store file on disk.
+    pub fn store_bytes(&self) -> u64 {
+        self.inner.store.file_size()
+    }
+
+    /// Finishes the commands already sent (the commit in flight among
+    /// them), refuses new ones with [`Error::ShuttingDown`], waits for the
+    /// writer thread and closes the database. Subscriptions then end with
+    /// [`Error::ShuttingDown`].
+    pub async fn close(&self) -> Result<()> {
+        drop(lock(&self.inner.tx).take());
+        let handle = lock(&self.inner.writer).take();
+        if let Some(handle) = handle {
+            let joined = tokio::task::spawn_blocking(move || handle.join())
+                .await
+                .map_err(|e| Error::Storage(format!("waiting for the writer failed: {e}")))?;
+            if joined.is_err() {
+                return Err(Error::Storage("the writer thread panicked".into()));
+            }
+        }
+        self.inner.hub.close();
+        self.inner.store.close()
+    }
+
+    /// Sends one request to the writer and waits for its answer.
+    async fn call<T>(
+        &self,
+        request: Request,
+        reply: fn(oneshot::Sender<Result<T>>) -> Reply,
+    ) -> Result<T> {
+        let tx = lock(&self.inner.tx).clone().ok_or(Error::ShuttingDown)?;
+        let (reply_tx, reply_rx) = oneshot::channel();
+        tx.send(Command {
+            request,
+            reply: reply(reply_tx),
+        })
+        .await
+        .map_err(|_| self.inner.writer_gone())?;
+        drop(tx);
+        reply_rx.await.map_err(|_| self.inner.writer_gone())?
+    }
+}
+
+impl Inner {
+    fn check_open(&self) -> Result<()> {
+        match lock(&self.tx).as_ref() {
+            Some(_) => Ok(()),
+            None => Err(Error::ShuttingDown),
+        }
+    }
+
+    /// The error for a command the writer never answered.
+    fn writer_gone(&self) -> Error {
+        if self.check_open().is_err() {
+            Error::ShuttingDown
+        } else {
+            Error::Storage("the store writer stopped unexpectedly".into())
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last handle is gone without `close`: still let the writer
+        // finish what it was given, so that the file is released when this
+        // returns (a new queue may open it right away).
+        drop(lock(&self.tx).take());
+        if let Some(handle) = lock(&self.writer).take() {
+            if handle.join().is_err() {
+                tracing::error!("the writer thread panicked");
+            }
+        }
+        self.hub.close();
+        if let Err(e) = self.store.close() {
+            tracing::warn!("closing the store: {e}");
+        }
+    }
+}
+
+fn spawn_writer(writer: Writer) -> Result<JoinHandle<()>> {
+    // The writer waits for commands with a timeout (for age retention),
+    // which the tokio channel offers only through a runtime.
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name("tetherd-writer".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build();
+            match runtime {
+                Ok(runtime) => {
+                    let _ = started_tx.send(Ok(()));
+                    writer.run(&runtime);
+                }
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(|e| Error::io("cannot start the writer thread", e))?;
+    match started_rx.recv() {
+        Ok(Ok(())) => Ok(handle),
+        Ok(Err(e)) => Err(Error::io("cannot start the writer's timer", e)),
+        Err(_) => Err(Error::Storage(
+            "the writer thread died while starting".into(),
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Commands
+// ---------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct Command {
+    request: Request,
+    reply: Reply,
+}
+
+#[derive(Debug)]
+enum Request {
+    Append(Vec<Append>),
+    OpenConsumer {
+        stream: String,
+        consumer: String,
+    },
+    Ack {
+        stream: String,
+        consumer: String,
+        through_seq: u64,
+    },
+    Compact,
+}
+
+impl Request {
+    /// (frames, payload bytes) this request adds to a commit.
+    fn weight(&self) -> (usize, usize) {
+        match self {
+            Request::Append(appends) => {
+                (appends.len(), appends.iter().map(|a| a.payload.len()).sum())
+            }
+            Request::OpenConsumer { .. } | Request::Ack { .. } => (1, 0),
+            Request::Compact => (0, 0),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Reply {
+    Append(oneshot::Sender<Result<Vec<AppendOutcome>>>),
+    OpenConsumer(oneshot::Sender<Result<u64>>),
+    Ack(oneshot::Sender<Result<()>>),
+    Compact(oneshot::Sender<Result<()>>),
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Appended(Vec<AppendOutcome>),
+    Consumer(u64),
+    /// An ack or a compaction finished.
+    Done,
+}
+
+impl Reply {
+    /// Answers the caller. A caller that went away is not an error: the
+    /// work is committed either way and a resend is deduplicated.
+    fn send(self, result: Result<Outcome>) {
+        match (self, result) {
+            (Reply::Append(tx), Ok(Outcome::Appended(v))) => {
+                let _ = tx.send(Ok(v));
+            }
+            (Reply::OpenConsumer(tx), Ok(Outcome::Consumer(a))) => {
+                let _ = tx.send(Ok(a));
+            }
+            (Reply::Ack(tx) | Reply::Compact(tx), Ok(Outcome::Done)) => {
+                let _ = tx.send(Ok(()));
+            }
+            (reply, Ok(_)) => reply.fail(Error::Storage(
+                "internal error: answer of the wrong kind".into(),
+            )),
+            (reply, Err(e)) => reply.fail(e),
+        }
+    }
+
+    fn fail(self, e: Error) {
+        // Ignored for the reason given in `send`.
+        let _ = match self {
+            Reply::Append(tx) => tx.send(Err(e)).is_ok(),
+            Reply::OpenConsumer(tx) => tx.send(Err(e)).is_ok(),
+            Reply::Ack(tx) | Reply::Compact(tx) => tx.send(Err(e)).is_ok(),
+        };
+    }
+}
+
+/// A copy of a commit failure for each command of the failed batch.
+fn copy_error(e: &Error) -> Error {
+    match e {
+        Error::DiskFull { detail } => Error::DiskFull {
+            detail: detail.clone(),
+        },
+        Error::ShuttingDown => Error::ShuttingDown,
+        Error::Storage(s) => Error::Storage(s.clone()),
+        other => Error::Storage(other.to_string()),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The writer
+// ---------------------------------------------------------------------------
+
+/// The writer's cache of the committed state.
+#[derive(Debug, Default)]
+struct State {
+    next_stream_id: u64,
+    streams: HashMap<String, StreamState>,
+}
+
+#[derive(Debug)]
+struct StreamState {
+    meta: StreamMeta,
+    producers: HashMap<String, ProducerState>,
+    consumers: BTreeMap<String, u64>,
+    /// Timestamp of the first retained frame; `None` when unknown or when
+    /// nothing is retained.
+    oldest_ts: Option<u64>,
+}
+
+impl State {
+    fn from_snapshot(snapshot: Snapshot) -> Self {
+        let mut streams: HashMap<String, StreamState> = HashMap::new();
+        let mut names = HashMap::new();
+        for (name, meta) in snapshot.streams {
+            names.insert(meta.id, name.clone());
+            streams.insert(
+                name,
+                StreamState {
+                    meta,
+                    producers: HashMap::new(),
+                    consumers: BTreeMap::new(),
+                    oldest_ts: None,
+                },
+            );
+        }
+        for (id, producer, state) in snapshot.producers {
+            if let Some(s) = names.get(&id).and_then(|n| streams.get_mut(n)) {
+                s.producers.insert(producer, state);
+            }
+        }
+        for (id, consumer, acked) in snapshot.consumers {
+            if let Some(s) = names.get(&id).and_then(|n| streams.get_mut(n)) {
+                s.consumers.insert(consumer, acked);
+            }
+        }
+        Self {
+            next_stream_id: snapshot.next_stream_id.max(1),
+            streams,
+        }
+    }
+}
+
+/// What a batch changed, to be written at its end and published after its
+/// commit.
+#[derive(Debug, Default)]
+struct Staged {
+    streams: BTreeMap<String, Vec<(u64, Frame)>>,
+    producers: HashSet<(String, String)>,
+    created_stream: bool,
+}
+
+enum Wait {
+    Command(Command),
+    Idle,
+    Closed,
+}
+
+struct Writer {
+    store: Arc<Store>,
+    hub: Arc<Hub>,
+    opts: QueueOptions,
+    rx: mpsc::Receiver<Command>,
+    state: State,
+    /// False after a failed commit until the caches are reloaded.
+    healthy: bool,
+    /// The last timestamp given to a frame; frames never go back in time.
+    last_ts: u64,
+    /// Streams that may have frames to compact or expire, oldest first.
+    dirty: VecDeque<String>,
+    dirty_set: HashSet<String>,
+    next_age_check: Instant,
+    compaction_paused_until: Option<Instant>,
+}
+
+impl Writer {
+    fn run(mut self, runtime: &tokio::runtime::Runtime) {
+        let mut busy_batches = 0;
+        loop {
+            match self.wait(runtime) {
+                Wait::Command(first) => {
+                    let batch = self.drain(first);
+                    self.process(batch);
+                    busy_batches += 1;
+                    if busy_batches >= COMPACT_EVERY_BATCHES {
+                        busy_batches = 0;
+                        self.idle_work();
+                    }
+                }
+                Wait::Idle => {
+                    busy_batches = 0;
+                    self.idle_work();
+                }
+                Wait::Closed => break,
+            }
+        }
+    }
+
+    /// The next command; `Idle` when there is background work to do and no
+    /// command waiting, or a timer is due.
+    fn wait(&mut self, runtime: &tokio::runtime::Runtime) -> Wait {
+        let received = if self.compaction_ready() {
+            match self.rx.try_recv() {
+                Ok(c) => Some(c),
+                Err(mpsc::error::TryRecvError::Empty) => return Wait::Idle,
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+            }
+        } else {
+            match self.next_wakeup() {
+                None => runtime.block_on(self.rx.recv()),
+                Some(at) => {
+                    let deadline = tokio::time::Instant::from_std(at);
+                    let rx = &mut self.rx;
+                    // The timer must be created inside the runtime.
+                    let timed = async move { tokio::time::timeout_at(deadline, rx.recv()).await };
+                    match runtime.block_on(timed) {
+                        Ok(c) => c,
+                        Err(_) => return Wait::Idle,
+                    }
+                }
+            }
+        };
+        received.map_or(Wait::Closed, Wait::Command)
+    }
+
+    fn compaction_ready(&self) -> bool {
+        self.healthy
+            && !self.dirty.is_empty()
+            && self
+                .compaction_paused_until
+                .is_none_or(|t| Instant::now() >= t)
+    }
+
+    fn next_wakeup(&self) -> Option<Instant> {
+        let age = self.opts.retention.max_age.map(|_| self.next_age_check);
+        let pause = self
+            .compaction_paused_until
+            .filter(|_| !self.dirty.is_empty());
+        match (age, pause) {
+            (Some(a), Some(p)) => Some(a.min(p)),
+            (a, p) => a.or(p),
+        }
+    }
+
+    /// Takes every command already waiting, within the batch bounds.
+    fn drain(&mut self, first: Command) -> Vec<Command> {
+        let (mut frames, mut bytes) = first.request.weight();
+        let mut batch = vec![first];
+        while frames < self.opts.max_batch_frames && bytes < self.opts.max_batch_bytes {
+            let Ok(next) = self.rx.try_recv() else { break };
+            let (f, b) = next.request.weight();
+            frames += f;
+            bytes += b;
+            batch.push(next);
+        }
+        batch
+    }
+
+    fn idle_work(&mut self) {
+        if let Some(t) = self.compaction_paused_until {
+            if Instant::now() >= t {
+                self.compaction_paused_until = None;
+            }
+        }
+        if self.opts.retention.max_age.is_some() && Instant::now() >= self.next_age_check {
+            self.next_age_check = Instant::now() + AGE_CHECK_INTERVAL;
+            self.mark_aged();
+        }
+        if self.compaction_ready() {
+            if let Err(e) = self.compact_step() {
+                self.compaction_failed(&e);
+            }
+        }
+    }
+
+    /// Replaces the caches with `snapshot` and tells the hub.
+    fn install(&mut self, snapshot: Snapshot) {
+        self.state = State::from_snapshot(snapshot);
+        self.hub.reset(
+            self.state
+                .streams
+                .iter()
+                .map(|(name, s)| (name.clone(), s.meta.first_seq, s.meta.last_seq)),
+        );
+        // Compaction may have been behind the acks when the state was last
+        // saved: look at every stream once.
+        let names: Vec<String> = self.state.streams.keys().cloned().collect();
+        for name in names {
+            self.mark_dirty(&name);
+        }
+    }
+
+    /// Reopens the store and reloads the caches after a failed commit.
+    fn recover(&mut self) -> Result<()> {
+        self.store.recover()?;
+        let snapshot = self.store.load()?;
+        self.install(snapshot);
+        self.healthy = true;
+        Ok(())
+    }
+
+    fn after_failure(&mut self, what: &str, e: &Error) {
+        tracing::warn!("{what} failed: {e}");
+        self.healthy = false;
+        if let Err(e) = self.recover() {
+            tracing::warn!("reloading the store after a failed {what} failed: {e}");
+        }
+    }
+
+    fn mark_dirty(&mut self, name: &str) {
+        if self.dirty_set.insert(name.to_owned()) {
+            self.dirty.push_back(name.to_owned());
+        }
+    }
+
+    fn now_micros() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    }
+
+    /// A timestamp for the frames of one batch, never earlier than the last.
+    fn next_ts(&mut self) -> u64 {
+        self.last_ts = self.last_ts.max(Self::now_micros());
+        self.last_ts
+    }
+
+    // -- commands ------------------------------------------------------------
+
+    /// Applies a batch in one transaction, commits it, publishes what it
+    /// stored and answers every command.
+    fn process(&mut self, batch: Vec<Command>) {
+        let mut compactions = Vec::new();
+        let mut requests = Vec::with_capacity(batch.len());
+        let mut replies = Vec::with_capacity(batch.len());
+        for command in batch {
+            match command.request {
+                Request::Compact => compactions.push(command.reply),
+                request => {
+                    requests.push(request);
+                    replies.push(command.reply);
+                }
+            }
+        }
+        if !requests.is_empty() {
+            self.commit_batch(requests, replies);
+        }
+        if !compactions.is_empty() {
+            let result = self.compact_all();
+            for reply in compactions {
+                reply.send(match &result {
+                    Ok(()) => Ok(Outcome::Done),
+                    Err(e) => Err(copy_error(e)),
+                });
+            }
+        }
+    }
+
+    fn commit_batch(&mut self, requests: Vec<Request>, replies: Vec<Reply>) {
+        if !self.healthy {
+            if let Err(e) = self.recover() {
+                for reply in replies {
+                    reply.fail(copy_error(&e));
+                }
+                return;
+            }
+        }
+        let ts = self.next_ts();
+        let mut results: Vec<Result<Outcome>> = Vec::with_capacity(requests.len());
+        let mut staged = Staged::default();
+        let store = self.store.clone();
+        let committed = store.write(|txn| {
+            for request in &requests {
+                let result = self.apply(txn, request, ts, &mut staged)?;
+                results.push(result);
+            }
+            self.flush(txn, &staged)
+        });
+        match committed {
+            Ok(()) => {
+                self.publish(staged);
+                for (reply, result) in replies.into_iter().zip(results) {
+                    reply.send(result);
+                }
+            }
+            Err(e) => {
+                // Reopen first, so that readers woken by these answers find
+                // a working store.
+                self.after_failure("commit", &e);
+                let mut results = results.into_iter();
+                for reply in replies {
+                    match results.next() {
+                        // A refused command was refused before the commit
+                        // and would be refused again: say why.
+                        Some(Err(refused)) => reply.fail(refused),
+                        _ => reply.fail(copy_error(&e)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies one request to the transaction and the caches. The outer
+    /// error is a storage failure (the batch fails); the inner one refuses
+    /// this request alone, before it changed anything.
+    fn apply(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        request: &Request,
+        ts: u64,
+        staged: &mut Staged,
+    ) -> Result<Result<Outcome>> {
+        match request {
+            Request::Append(appends) => self.apply_appends(txn, appends, ts, staged),
+            Request::OpenConsumer { stream, consumer } => {
+                self.apply_open_consumer(txn, stream, consumer)
+            }
+            Request::Ack {
+                stream,
+                consumer,
+                through_seq,
+            } => self.apply_ack(txn, stream, consumer, *through_seq),
+            // Separated out by `process`; never part of a transaction.
+            Request::Compact => Ok(Ok(Outcome::Done)),
+        }
+    }
+
+    fn apply_appends(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        appends: &[Append],
+        ts: u64,
+        staged: &mut Staged,
+    ) -> Result<Result<Outcome>> {
+        for a in appends {
+            let valid = validate_name("stream", &a.stream)
+                .and_then(|()| validate_name("producer", &a.producer));
+            if let Err(e) = valid {
+                return Ok(Err(e.into()));
+            }
+        }
+        let mut outcomes = Vec::with_capacity(appends.len());
+        for a in appends {
+            let stream = self.stream_or_create(&a.stream, ts, staged);
+            let mut outcome = AppendOutcome {
+                stream: a.stream.clone(),
+                producer: a.producer.clone(),
+                producer_seq: a.producer_seq,
+                seq: 0,
+                duplicate: false,
+            };
+            if let Some(p) = stream.producers.get(&a.producer) {
+                if a.producer_seq <= p.producer_seq {
+                    outcome.seq = p.seq;
+                    outcome.duplicate = true;
+                    outcomes.push(outcome);
+                    continue;
+                }
+            }
+            let seq = stream.meta.last_seq + 1;
+            let frame = Frame {
+                ts_micros: ts,
+                kind: a.kind,
+                payload: a.payload.clone(),
+            };
+            txn.put_frame(stream.meta.id, seq, &frame)?;
+            if stream.meta.frames == 0 {
+                stream.oldest_ts = Some(ts);
+            }
+            stream.meta.last_seq = seq;
+            stream.meta.frames += 1;
+            stream.meta.bytes += a.payload.len() as u64;
+            stream.producers.insert(
+                a.producer.clone(),
+                ProducerState {
+                    producer_seq: a.producer_seq,
+                    seq,
+                },
+            );
+            staged
+                .producers
+                .insert((a.stream.clone(), a.producer.clone()));
+            staged
+                .streams
+                .entry(a.stream.clone())
+                .or_default()
+                .push((seq, frame));
+            outcome.seq = seq;
+            outcomes.push(outcome);
+        }
+        Ok(Ok(Outcome::Appended(outcomes)))
+    }
+
+    fn stream_or_create(&mut self, name: &str, ts: u64, staged: &mut Staged) -> &mut StreamState {
+        let next_id = &mut self.state.next_stream_id;
+        self.state
+            .streams
+            .entry(name.to_owned())
+            .or_insert_with(|| {
+                let id = *next_id;
+                *next_id += 1;
+                staged.created_stream = true;
+                StreamState {
+                    meta: StreamMeta::new(id, ts),
+                    producers: HashMap::new(),
+                    consumers: BTreeMap::new(),
+                    oldest_ts: None,
+                }
+            })
+    }
+
+    fn apply_open_consumer(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        stream: &str,
+        consumer: &str,
+    ) -> Result<Result<Outcome>> {
+        if let Err(e) = validate_name("consumer", consumer) {
+            return Ok(Err(e.into()));
+        }
+        let Some(s) = self.state.streams.get_mut(stream) else {
+            return Ok(Err(Error::StreamNotFound(stream.to_owned())));
+        };
+        if let Some(&acked) = s.consumers.get(consumer) {
+            return Ok(Ok(Outcome::Consumer(acked)));
+        }
+        let acked = s.meta.first_seq - 1;
+        txn.put_consumer(s.meta.id, consumer, acked)?;
+        s.consumers.insert(consumer.to_owned(), acked);
+        Ok(Ok(Outcome::Consumer(acked)))
+    }
+
+    fn apply_ack(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        stream: &str,
+        consumer: &str,
+        through_seq: u64,
+    ) -> Result<Result<Outcome>> {
+        if let Err(e) = validate_name("consumer", consumer) {
+            return Ok(Err(e.into()));
+        }
+        let Some(s) = self.state.streams.get_mut(stream) else {
+            return Ok(Err(Error::StreamNotFound(stream.to_owned())));
+        };
+        if through_seq > s.meta.last_seq {
+            return Ok(Err(Error::InvalidRequest(format!(
+                "ack through seq {through_seq} is beyond the last seq {} of stream {stream}",
+                s.meta.last_seq
+            ))));
+        }
+        if s.consumers.get(consumer).is_some_and(|&a| a >= through_seq) {
+            return Ok(Ok(Outcome::Done));
+        }
+        txn.put_consumer(s.meta.id, consumer, through_seq)?;
+        s.consumers.insert(consumer.to_owned(), through_seq);
+        self.mark_dirty(stream);
+        Ok(Ok(Outcome::Done))
+    }
+
+    /// Writes the metadata and producer state a batch changed, once each.
+    fn flush(&self, txn: &mut WriteTxn<'_>, staged: &Staged) -> Result<()> {
+        for name in staged.streams.keys() {
+            if let Some(s) = self.state.streams.get(name) {
+                txn.put_stream(name, &s.meta)?;
+            }
+        }
+        for (stream, producer) in &staged.producers {
+            let state = self
+                .state
+                .streams
+                .get(stream)
+                .and_then(|s| s.producers.get(producer));
+            if let (Some(s), Some(state)) = (self.state.streams.get(stream), state) {
+                txn.put_producer(s.meta.id, producer, *state)?;
+            }
+        }
+        if staged.created_stream {
+            txn.set_next_stream_id(self.state.next_stream_id)?;
+        }
+        Ok(())
+    }
+
+    /// Hands a committed batch to the hub, and queues streams over their
+    /// retention limits for compaction.
+    fn publish(&mut self, staged: Staged) {
+        let mut updates = Vec::with_capacity(staged.streams.len());
+        let mut over_limit = Vec::new();
+        for (name, frames) in staged.streams {
+            let Some(s) = self.state.streams.get(&name) else {
+                continue;
+            };
+            if self.over_size_limits(&s.meta) {
+                over_limit.push(name.clone());
+            }
+            updates.push(StreamUpdate {
+                stream: name,
+                first_seq: s.meta.first_seq,
+                last_seq: s.meta.last_seq,
+                frames,
+            });
+        }
+        self.hub.publish(updates);
+        for name in over_limit {
+            self.mark_dirty(&name);
+        }
+    }
+
+    fn over_size_limits(&self, meta: &StreamMeta) -> bool {
+        let r = &self.opts.retention;
+        r.max_frames.is_some_and(|m| meta.frames > m) || r.max_bytes.is_some_and(|m| meta.bytes > m)
+    }
+
+    // -- compaction and retention --------------------------------------------
+
+    /// Queues every stream whose oldest frame may have expired.
+    fn mark_aged(&mut self) {
+        let Some(cutoff) = self.age_cutoff() else {
+            return;
+        };
+        let aged: Vec<String> = self
+            .state
+            .streams
+            .iter()
+            .filter(|(_, s)| s.meta.frames > 0 && s.oldest_ts.is_none_or(|t| t < cutoff))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in aged {
+            self.mark_dirty(&name);
+        }
+    }
+
+    /// Frames stamped before this have outlived `max_age`.
+    fn age_cutoff(&self) -> Option<u64> {
+        let age = self.opts.retention.max_age?;
+        let age = u64::try_from(age.as_micros()).unwrap_or(u64::MAX);
+        Some(Self::now_micros().saturating_sub(age))
+    }
+
+    /// Runs compaction batches until nothing is due.
+    fn compact_all(&mut self) -> Result<()> {
+        if !self.healthy {
+            self.recover()?;
+        }
+        self.compaction_paused_until = None;
+        self.mark_aged();
+        // Ends: every step either deletes frames or takes a stream off the
+        // dirty list.
+        while !self.dirty.is_empty() {
+            if let Err(e) = self.compact_step() {
+                self.compaction_failed(&e);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn compaction_failed(&mut self, e: &Error) {
+        self.compaction_paused_until = Some(Instant::now() + COMPACT_RETRY_DELAY);
+        self.after_failure("compaction", e);
+    }
+
+    /// Deletes one bounded batch of frames from the next dirty stream.
+    fn compact_step(&mut self) -> Result<()> {
+        let Some(name) = self.dirty.pop_front() else {
+            return Ok(());
+        };
+        self.dirty_set.remove(&name);
+        let plan = match self.plan(&name) {
+            Ok(Some(plan)) => plan,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                self.mark_dirty(&name);
+                return Err(e);
+            }
+        };
+        let store = self.store.clone();
+        let (deleted, meta) = store.write(|txn| {
+            let mut freed = 0;
+            let deleted = txn.delete_prefix(plan.meta.id, plan.meta.first_seq, plan.upto, |f| {
+                let go = f.seq <= plan.through_seq
+                    || freed < plan.free_bytes
+                    || f.ts_micros < plan.cutoff;
+                if go {
+                    freed += f.payload_len;
+                }
+                go
+            })?;
+            let mut meta = plan.meta.clone();
+            meta.first_seq += deleted.frames;
+            meta.frames = meta.frames.saturating_sub(deleted.frames);
+            meta.bytes = meta.bytes.saturating_sub(deleted.bytes);
+            if deleted.frames > 0 {
+                txn.put_stream(&name, &meta)?;
+            }
+            Ok((deleted, meta))
+        })?;
+        if let Some(s) = self.state.streams.get_mut(&name) {
+            s.meta = meta.clone();
+            s.oldest_ts = deleted.first_kept.map(|f| f.ts_micros);
+        }
+        if deleted.frames > 0 {
+            self.hub.publish(vec![StreamUpdate {
+                stream: name.clone(),
+                first_seq: meta.first_seq,
+                last_seq: meta.last_seq,
+                frames: Vec::new(),
+            }]);
+            // More may be due than one batch deletes.
+            self.mark_dirty(&name);
+        }
+        Ok(())
+    }
+
+    /// What one compaction batch of `name` should delete; `None` when
+    /// nothing is due.
+    fn plan(&mut self, name: &str) -> Result<Option<CompactPlan>> {
+        let cutoff = self.age_cutoff().unwrap_or(0);
+        let r = self.opts.retention.clone();
+        let Some(s) = self.state.streams.get_mut(name) else {
+            return Ok(None);
+        };
+        if s.meta.frames == 0 {
+            return Ok(None);
+        }
+        if cutoff > 0 && s.oldest_ts.is_none() {
+            s.oldest_ts = self.store.frame_ts(s.meta.id, s.meta.first_seq)?;
+        }
+        let meta = &s.meta;
+        // With no durable consumer, acks hold nothing back and delete
+        // nothing: only retention applies.
+        let acked = s.consumers.values().copied().min().unwrap_or(0);
+        let over_count = r.max_frames.map_or(0, |m| meta.last_seq.saturating_sub(m));
+        let through_seq = acked.max(over_count);
+        let free_bytes = r.max_bytes.map_or(0, |m| meta.bytes.saturating_sub(m));
+        let expired = s.oldest_ts.is_some_and(|t| t < cutoff);
+        if through_seq < meta.first_seq && free_bytes == 0 && !expired {
+            return Ok(None);
+        }
+        Ok(Some(CompactPlan {
+            meta: meta.clone(),
+            upto: meta.last_seq.min(meta.first_seq + COMPACT_BATCH - 1),
+            through_seq,
+            free_bytes,
+            cutoff,
+        }))
+    }
+}
+
+/// One compaction batch: delete from `meta.first_seq`, no further than
+/// `upto`, every frame through `through_seq`, then while `free_bytes` are
+/// not yet freed or frames are older than `cutoff`.
+#[derive(Debug)]
+struct CompactPlan {
+    meta: StreamMeta,
+    upto: u64,
+    through_seq: u64,
+    free_bytes: u64,
+    cutoff: u64,
+}

@@ -1,0 +1,844 @@
+//! The store: the only module that touches redb.
+//!
+//! One redb file (`tether.redb` in the state directory) holds every stream.
+//! The API is synchronous; callers keep it off async worker threads (the
+//! queue's writer thread owns all write transactions, readers use
+//! `spawn_blocking`).
+//!
+//! # Tables
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `streams` | stream name | postcard [`StreamMeta`] |
+//! | `frames` | (stream id, seq) | encoded frame (see [`encode_frame`]) |
+//! | `producers` | (stream id, producer) | (newest producer_seq, its stream seq) |
+//! | `consumers` | (stream id, consumer) | acked_through |
+//! | `meta` | key | u64 (schema version, next stream id) |
+//!
+//! A stream's metadata, its frames, its producers' dedupe state and its
+//! consumers' acks change in the same write transaction, so after any crash
+//! they agree with each other.
+//!
+//! Frames are encoded and decoded only by [`encode_frame`] and the private
+//! readers here, so the key layout (one row per frame today) can later change
+//! to one chunk per group commit without touching any caller.
+//!
+//! # Failures
+//!
+//! After a failed commit redb refuses further work on the same handle (it
+//! cannot know what reached the disk), so [`Store::recover`] reopens the file,
+//! letting redb's own recovery bring it back to the last commit.
+
+use std::io;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+
+use bytes::Bytes;
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction,
+};
+use serde::{Deserialize, Serialize};
+use tether_protocol::{ConsumerInfo, Frame, FrameKind, StreamInfo};
+
+use crate::{Error, Result};
+
+/// The layout version this build reads and writes. A file with another
+/// version is refused rather than misread.
+pub const SCHEMA_VERSION: u64 = 1;
+
+/// redb's page cache. Bounded so that the daemon's memory does not grow with
+/// the store; large enough to hold a full group commit in its write buffer.
+const CACHE_BYTES: usize = 64 * 1024 * 1024;
+
+const STREAMS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("streams");
+const FRAMES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("frames");
+const PRODUCERS: TableDefinition<'_, (u64, &str), (u64, u64)> = TableDefinition::new("producers");
+const CONSUMERS: TableDefinition<'_, (u64, &str), u64> = TableDefinition::new("consumers");
+const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+
+const META_SCHEMA_VERSION: &str = "schema_version";
+const META_NEXT_STREAM_ID: &str = "next_stream_id";
+
+/// Per-stream bookkeeping, stored beside the frames it describes.
+///
+/// Postcard is not self-describing: the field order is the on-disk format.
+/// Invariants: the retained frames are exactly `first_seq..=last_seq`
+/// (`first_seq == last_seq + 1` when none are), `frames` counts them and
+/// `bytes` sums their payload lengths.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StreamMeta {
+    /// Internal id, used in the other tables' keys so that names are stored once.
+    pub id: u64,
+    /// First retained seq.
+    pub first_seq: u64,
+    /// Last seq ever assigned; 0 before the first frame.
+    pub last_seq: u64,
+    /// Retained frames.
+    pub frames: u64,
+    /// Retained payload bytes.
+    pub bytes: u64,
+    /// When the stream was created, microseconds since the Unix epoch.
+    pub created_micros: u64,
+}
+
+impl StreamMeta {
+    /// A new, empty stream.
+    pub fn new(id: u64, created_micros: u64) -> Self {
+        Self {
+            id,
+            first_seq: 1,
+            last_seq: 0,
+            frames: 0,
+            bytes: 0,
+            created_micros,
+        }
+    }
+}
+
+/// A producer's dedupe state on one stream: the newest `producer_seq` stored
+/// and the stream seq it got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProducerState {
+    pub producer_seq: u64,
+    pub seq: u64,
+}
+
+/// Everything the writer caches, as committed.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The id the next new stream gets.
+    pub next_stream_id: u64,
+    pub streams: Vec<(String, StreamMeta)>,
+    /// (stream id, producer, state).
+    pub producers: Vec<(u64, String, ProducerState)>,
+    /// (stream id, consumer, acked_through).
+    pub consumers: Vec<(u64, String, u64)>,
+}
+
+/// Frames read from one stream in one read transaction, with the stream's
+/// retained range as that same transaction saw it.
+#[derive(Debug)]
+pub struct ReadChunk {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// Contiguous, ascending, starting at the requested seq; empty when the
+    /// requested seq is below `first_seq` or beyond what may be read.
+    pub frames: Vec<(u64, Frame)>,
+}
+
+/// Bounds on one [`Store::read_frames`] call. At least one frame is returned
+/// when any is available, whatever its size.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadLimits {
+    pub max_frames: usize,
+    pub max_bytes: usize,
+    /// Read nothing beyond this seq.
+    pub through_seq: u64,
+}
+
+/// What [`WriteTxn::delete_prefix`] shows its caller about each frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameInfo {
+    pub seq: u64,
+    pub ts_micros: u64,
+    pub payload_len: u64,
+}
+
+/// The result of [`WriteTxn::delete_prefix`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deleted {
+    pub frames: u64,
+    pub bytes: u64,
+    /// The first frame that was looked at and kept, if any.
+    pub first_kept: Option<FrameInfo>,
+}
+
+/// The redb database file.
+#[derive(Debug)]
+pub struct Store {
+    path: PathBuf,
+    /// `None` once closed, or when reopening after a failure did not work.
+    db: RwLock<Option<Database>>,
+    closed: AtomicBool,
+    /// Set by a failed write: the handle must be reopened before the next one.
+    needs_reopen: AtomicBool,
+}
+
+impl Store {
+    /// Opens the store at `path`, creating it when missing. A file that
+    /// exists but cannot be opened as a tether store is
+    /// [`Error::CorruptStore`]; the daemon must then refuse to start.
+    pub fn open(path: &Path) -> Result<Store> {
+        let db = open_database(path)?;
+        let store = Store {
+            path: path.to_path_buf(),
+            db: RwLock::new(Some(db)),
+            closed: AtomicBool::new(false),
+            needs_reopen: AtomicBool::new(false),
+        };
+        store.init_schema()?;
+        Ok(store)
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Size of the store file on disk, 0 when it cannot be read.
+    pub fn file_size(&self) -> u64 {
+        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Creates the tables and checks the schema version. Nothing is
+    /// committed when the version is wrong.
+    fn init_schema(&self) -> Result<()> {
+        let guard = self.handle()?;
+        let db = guard_db(&guard)?;
+        let txn = db.begin_write().map_err(storage)?;
+        {
+            txn.open_table(STREAMS).map_err(storage)?;
+            txn.open_table(FRAMES).map_err(storage)?;
+            txn.open_table(PRODUCERS).map_err(storage)?;
+            txn.open_table(CONSUMERS).map_err(storage)?;
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            let version = meta
+                .get(META_SCHEMA_VERSION)
+                .map_err(storage)?
+                .map(|v| v.value());
+            match version {
+                Some(SCHEMA_VERSION) => {}
+                Some(other) => {
+                    return Err(Error::CorruptStore {
+                        path: self.path.clone(),
+                        detail: format!(
+                            "schema version {other}; this build reads version {SCHEMA_VERSION}"
+                        ),
+                    })
+                }
+                None => {
+                    meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
+                        .map_err(storage)?;
+                    meta.insert(META_NEXT_STREAM_ID, 1).map_err(storage)?;
+                }
+            }
+        }
+        commit(txn)
+    }
+
+    /// The database handle for one operation. Holding the read guard keeps
+    /// [`Store::recover`] and [`Store::close`] from swapping the handle
+    /// underneath the operation.
+    fn handle(&self) -> Result<RwLockReadGuard<'_, Option<Database>>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        Ok(self.db.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Runs `f` in one write transaction and commits it with
+    /// [`Durability::Immediate`]: when this returns `Ok`, everything `f` wrote
+    /// is on disk. When `f` or the commit fails nothing of it is stored, and
+    /// the handle is marked for [`Store::recover`].
+    pub fn write<T>(&self, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) -> Result<T> {
+        let guard = self.handle()?;
+        let db = guard_db(&guard)?;
+        let result = write_in(db, f);
+        if result.is_err() {
+            self.needs_reopen.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Reopens the database after a failed write, so that the next write
+    /// starts from the last commit. A no-op when nothing failed.
+    pub fn recover(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        let mut slot = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_some() && !self.needs_reopen.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // redb holds an exclusive lock on the file: the old handle must be
+        // gone before the file can be opened again.
+        drop(slot.take());
+        let db = open_database(&self.path)?;
+        *slot = Some(db);
+        self.needs_reopen.store(false, Ordering::Release);
+        tracing::info!(path = %self.path.display(), "store reopened after a failed write");
+        Ok(())
+    }
+
+    /// Closes the database. Later operations fail with
+    /// [`Error::ShuttingDown`].
+    pub fn close(&self) -> Result<()> {
+        self.closed.store(true, Ordering::Release);
+        let mut slot = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        match slot.take() {
+            Some(db) => db.close().map_err(storage),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a read. A read that failed because the handle failed (an I/O
+    /// error here or in a concurrent commit) is retried once on a reopened
+    /// handle, so that reads go on after a failed commit (a full disk).
+    fn reading<T>(&self, read: impl Fn() -> Result<T>) -> Result<T> {
+        match read() {
+            Err(e) if self.needs_reopen.load(Ordering::Acquire) => {
+                tracing::debug!("read failed on a failed store handle ({e}); reopening");
+                self.recover()?;
+                read()
+            }
+            result => result,
+        }
+    }
+
+    /// Maps a redb failure met while reading, and marks the handle for
+    /// reopening when redb will refuse further work on it.
+    fn fail(&self, e: impl Into<redb::Error>) -> Error {
+        let e: redb::Error = e.into();
+        if matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo) {
+            self.needs_reopen.store(true, Ordering::Release);
+        }
+        storage(e)
+    }
+
+    /// Everything the writer caches, read in one transaction.
+    pub fn load(&self) -> Result<Snapshot> {
+        self.reading(|| self.load_once())
+    }
+
+    fn load_once(&self) -> Result<Snapshot> {
+        let guard = self.handle()?;
+        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+        let mut snapshot = Snapshot {
+            next_stream_id: txn
+                .open_table(META)
+                .map_err(|e| self.fail(e))?
+                .get(META_NEXT_STREAM_ID)
+                .map_err(|e| self.fail(e))?
+                .map_or(1, |v| v.value()),
+            ..Snapshot::default()
+        };
+        for item in txn
+            .open_table(STREAMS)
+            .map_err(|e| self.fail(e))?
+            .iter()
+            .map_err(|e| self.fail(e))?
+        {
+            let (name, value) = item.map_err(|e| self.fail(e))?;
+            snapshot.streams.push((
+                name.value().to_owned(),
+                decode_meta(name.value(), value.value())?,
+            ));
+        }
+        for item in txn
+            .open_table(PRODUCERS)
+            .map_err(|e| self.fail(e))?
+            .iter()
+            .map_err(|e| self.fail(e))?
+        {
+            let (key, value) = item.map_err(|e| self.fail(e))?;
+            let (stream_id, producer) = key.value();
+            let (producer_seq, seq) = value.value();
+            snapshot.producers.push((
+                stream_id,
+                producer.to_owned(),
+                ProducerState { producer_seq, seq },
+            ));
+        }
+        for item in txn
+            .open_table(CONSUMERS)
+            .map_err(|e| self.fail(e))?
+            .iter()
+            .map_err(|e| self.fail(e))?
+        {
+            let (key, value) = item.map_err(|e| self.fail(e))?;
+            let (stream_id, consumer) = key.value();
+            snapshot
+                .consumers
+                .push((stream_id, consumer.to_owned(), value.value()));
+        }
+        Ok(snapshot)
+    }
+
+    /// Reads frames of `stream` from `from_seq` on, within `limits`, together
+    /// with the stream's retained range, all from one read transaction.
+    pub fn read_frames(
+        &self,
+        stream: &str,
+        from_seq: u64,
+        limits: ReadLimits,
+    ) -> Result<ReadChunk> {
+        self.reading(|| self.read_frames_once(stream, from_seq, limits))
+    }
+
+    fn read_frames_once(
+        &self,
+        stream: &str,
+        from_seq: u64,
+        limits: ReadLimits,
+    ) -> Result<ReadChunk> {
+        let guard = self.handle()?;
+        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+        let meta = txn
+            .open_table(STREAMS)
+            .map_err(|e| self.fail(e))?
+            .get(stream)
+            .map_err(|e| self.fail(e))?
+            .map(|v| decode_meta(stream, v.value()))
+            .transpose()?
+            .ok_or_else(|| Error::StreamNotFound(stream.to_owned()))?;
+        let mut chunk = ReadChunk {
+            first_seq: meta.first_seq,
+            last_seq: meta.last_seq,
+            frames: Vec::new(),
+        };
+        let through = limits.through_seq.min(meta.last_seq);
+        if from_seq < meta.first_seq || from_seq > through {
+            return Ok(chunk);
+        }
+        let table = txn.open_table(FRAMES).map_err(|e| self.fail(e))?;
+        let mut bytes = 0usize;
+        let range = table
+            .range((meta.id, from_seq)..=(meta.id, through))
+            .map_err(|e| self.fail(e))?;
+        for (expected, item) in (from_seq..).zip(range) {
+            let (key, value) = item.map_err(|e| self.fail(e))?;
+            let (_, seq) = key.value();
+            if seq != expected {
+                return Err(Error::Storage(format!(
+                    "stream {stream:?} is missing frame {expected} (next stored is {seq})"
+                )));
+            }
+            let frame = decode_frame(stream, seq, value.value())?;
+            bytes += frame.payload.len();
+            chunk.frames.push((seq, frame));
+            if chunk.frames.len() >= limits.max_frames || bytes >= limits.max_bytes {
+                break;
+            }
+        }
+        if chunk.frames.is_empty() {
+            return Err(Error::Storage(format!(
+                "stream {stream:?} is missing frame {from_seq} (retained {}..={})",
+                meta.first_seq, meta.last_seq
+            )));
+        }
+        Ok(chunk)
+    }
+
+    /// The timestamp of one frame, `None` when it is not stored.
+    pub fn frame_ts(&self, stream_id: u64, seq: u64) -> Result<Option<u64>> {
+        self.reading(|| self.frame_ts_once(stream_id, seq))
+    }
+
+    fn frame_ts_once(&self, stream_id: u64, seq: u64) -> Result<Option<u64>> {
+        let guard = self.handle()?;
+        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+        let table = txn.open_table(FRAMES).map_err(|e| self.fail(e))?;
+        let value = table.get((stream_id, seq)).map_err(|e| self.fail(e))?;
+        value
+            .map(|v| decode_frame_ref(v.value()).map(|f| f.ts_micros))
+            .transpose()
+            .map_err(|e| corrupt_frame(&format!("#{stream_id}"), seq, &e))
+    }
+
+    /// One row per stream, with its consumers, in name order.
+    pub fn list_streams(&self) -> Result<Vec<StreamInfo>> {
+        self.reading(|| self.list_streams_once())
+    }
+
+    fn list_streams_once(&self) -> Result<Vec<StreamInfo>> {
+        let guard = self.handle()?;
+        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+        let consumers = txn.open_table(CONSUMERS).map_err(|e| self.fail(e))?;
+        let mut out = Vec::new();
+        for item in txn
+            .open_table(STREAMS)
+            .map_err(|e| self.fail(e))?
+            .iter()
+            .map_err(|e| self.fail(e))?
+        {
+            let (name, value) = item.map_err(|e| self.fail(e))?;
+            let meta = decode_meta(name.value(), value.value())?;
+            let mut info = StreamInfo {
+                name: name.value().to_owned(),
+                first_seq: meta.first_seq,
+                last_seq: meta.last_seq,
+                frames: meta.frames,
+                bytes: meta.bytes,
+                consumers: Vec::new(),
+            };
+            for item in consumers
+                .range((meta.id, "")..(meta.id + 1, ""))
+                .map_err(|e| self.fail(e))?
+            {
+                let (key, acked) = item.map_err(|e| self.fail(e))?;
+                info.consumers.push(ConsumerInfo {
+                    name: key.value().1.to_owned(),
+                    acked_through: acked.value(),
+                });
+            }
+            out.push(info);
+        }
+        Ok(out)
+    }
+}
+
+/// The tables of one write transaction, open for writing.
+pub struct WriteTxn<'t> {
+    streams: Table<'t, &'static str, &'static [u8]>,
+    frames: Table<'t, (u64, u64), &'static [u8]>,
+    producers: Table<'t, (u64, &'static str), (u64, u64)>,
+    consumers: Table<'t, (u64, &'static str), u64>,
+    meta: Table<'t, &'static str, u64>,
+    /// Reused encoding buffer, so that appending a frame does not allocate.
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for WriteTxn<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteTxn").finish_non_exhaustive()
+    }
+}
+
+impl WriteTxn<'_> {
+    /// Stores a stream's metadata.
+    pub fn put_stream(&mut self, name: &str, meta: &StreamMeta) -> Result<()> {
+        self.scratch.clear();
+        let bytes = postcard::to_extend(meta, std::mem::take(&mut self.scratch))
+            .map_err(|e| Error::Storage(format!("cannot encode stream {name:?}: {e}")))?;
+        let result = self.streams.insert(name, bytes.as_slice()).map(drop);
+        self.scratch = bytes;
+        result.map_err(storage)
+    }
+
+    /// Stores one frame.
+    pub fn put_frame(&mut self, stream_id: u64, seq: u64, frame: &Frame) -> Result<()> {
+        self.scratch.clear();
+        let bytes = encode_frame(frame, std::mem::take(&mut self.scratch))?;
+        let result = self
+            .frames
+            .insert((stream_id, seq), bytes.as_slice())
+            .map(drop);
+        self.scratch = bytes;
+        result.map_err(storage)
+    }
+
+    /// Stores a producer's dedupe state.
+    pub fn put_producer(
+        &mut self,
+        stream_id: u64,
+        producer: &str,
+        state: ProducerState,
+    ) -> Result<()> {
+        self.producers
+            .insert((stream_id, producer), (state.producer_seq, state.seq))
+            .map(drop)
+            .map_err(storage)
+    }
+
+    /// Stores a durable consumer's ack.
+    pub fn put_consumer(
+        &mut self,
+        stream_id: u64,
+        consumer: &str,
+        acked_through: u64,
+    ) -> Result<()> {
+        self.consumers
+            .insert((stream_id, consumer), acked_through)
+            .map(drop)
+            .map_err(storage)
+    }
+
+    /// Records the id the next new stream gets.
+    pub fn set_next_stream_id(&mut self, id: u64) -> Result<()> {
+        self.meta
+            .insert(META_NEXT_STREAM_ID, id)
+            .map(drop)
+            .map_err(storage)
+    }
+
+    /// Deletes frames of a stream from `from_seq` on, in seq order, while
+    /// `delete` says yes, looking at no frame beyond `through_seq`. Only a
+    /// prefix is ever deleted: the first frame `delete` refuses ends the run.
+    pub fn delete_prefix(
+        &mut self,
+        stream_id: u64,
+        from_seq: u64,
+        through_seq: u64,
+        mut delete: impl FnMut(FrameInfo) -> bool,
+    ) -> Result<Deleted> {
+        let mut out = Deleted::default();
+        let mut failure = None;
+        let mut stopped = false;
+        self.frames
+            .retain_in(
+                (stream_id, from_seq)..=(stream_id, through_seq),
+                |key, value| {
+                    if stopped {
+                        return true;
+                    }
+                    let (_, seq) = key;
+                    let info = match decode_frame_ref(value) {
+                        Ok(f) => FrameInfo {
+                            seq,
+                            ts_micros: f.ts_micros,
+                            payload_len: f.payload.len() as u64,
+                        },
+                        Err(e) => {
+                            failure = Some(corrupt_frame(&format!("#{stream_id}"), seq, &e));
+                            stopped = true;
+                            return true;
+                        }
+                    };
+                    if delete(info) {
+                        out.frames += 1;
+                        out.bytes += info.payload_len;
+                        false
+                    } else {
+                        stopped = true;
+                        out.first_kept = Some(info);
+                        true
+                    }
+                },
+            )
+            .map_err(storage)?;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}
+
+fn write_in<T>(db: &Database, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) -> Result<T> {
+    let mut txn = db.begin_write().map_err(storage)?;
+    txn.set_durability(Durability::Immediate).map_err(storage)?;
+    let value = {
+        let mut tables = WriteTxn {
+            streams: txn.open_table(STREAMS).map_err(storage)?,
+            frames: txn.open_table(FRAMES).map_err(storage)?,
+            producers: txn.open_table(PRODUCERS).map_err(storage)?,
+            consumers: txn.open_table(CONSUMERS).map_err(storage)?,
+            meta: txn.open_table(META).map_err(storage)?,
+            scratch: Vec::new(),
+        };
+        f(&mut tables)
+    };
+    match value {
+        Ok(value) => commit(txn).map(|()| value),
+        Err(e) => {
+            // Dropping the transaction would abort it too; aborting
+            // explicitly reports a failure to do so.
+            if let Err(abort) = txn.abort() {
+                tracing::warn!("aborting a failed write transaction: {abort}");
+            }
+            Err(e)
+        }
+    }
+}
+
+fn commit(txn: WriteTransaction) -> Result<()> {
+    txn.commit().map_err(storage)
+}
+
+fn guard_db<'g>(guard: &'g RwLockReadGuard<'_, Option<Database>>) -> Result<&'g Database> {
+    guard.as_ref().ok_or_else(|| {
+        Error::Storage(
+            "the store is unavailable: reopening it after a failed write did not work".into(),
+        )
+    })
+}
+
+/// Opens (or creates) the database file, mapping failures on an existing
+/// file to [`Error::CorruptStore`].
+fn open_database(path: &Path) -> Result<Database> {
+    let existed = std::fs::metadata(path)
+        .map(|m| m.len() > 0)
+        .unwrap_or(false);
+    let mut builder = Database::builder();
+    builder.set_cache_size(CACHE_BYTES);
+    // redb may panic on a file that was damaged outside of it; such a file
+    // must stop the daemon with a message naming it, not with a panic.
+    let opened = panic::catch_unwind(AssertUnwindSafe(|| builder.create(path)));
+    let corrupt = |detail: String| Error::CorruptStore {
+        path: path.to_path_buf(),
+        detail,
+    };
+    match opened {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => Err(Error::Storage(format!(
+            "store {} is already open in another process",
+            path.display()
+        ))),
+        Ok(Err(redb::DatabaseError::Storage(redb::StorageError::Io(e)))) => {
+            if is_disk_full(&e) {
+                Err(Error::DiskFull {
+                    detail: format!("opening {}: {e}", path.display()),
+                })
+            } else if existed && e.kind() != io::ErrorKind::PermissionDenied {
+                Err(corrupt(e.to_string()))
+            } else {
+                Err(Error::io(
+                    format!("cannot open store {}", path.display()),
+                    e,
+                ))
+            }
+        }
+        Ok(Err(e)) if existed => Err(corrupt(e.to_string())),
+        Ok(Err(e)) => Err(storage(e)),
+        Err(panic) => Err(corrupt(panic_message(&panic))),
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown failure".to_owned());
+    format!("redb failed while opening it: {text}")
+}
+
+/// Maps any redb failure to the daemon's error: a full disk (or quota) is
+/// [`Error::DiskFull`], so that producers can tell it from other failures.
+fn storage(e: impl Into<redb::Error>) -> Error {
+    let e: redb::Error = e.into();
+    match &e {
+        redb::Error::Io(io) if is_disk_full(io) => Error::DiskFull {
+            detail: io.to_string(),
+        },
+        redb::Error::DatabaseClosed => Error::ShuttingDown,
+        _ => Error::Storage(e.to_string()),
+    }
+}
+
+fn is_disk_full(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    ) || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// A frame as stored, borrowing its payload from the page it was read from.
+/// It decodes the bytes [`encode_frame`] writes for a [`Frame`]: postcard
+/// writes a byte string as a varint length and the bytes, whichever of the
+/// two types produced it.
+#[derive(Deserialize)]
+struct FrameRef<'a> {
+    ts_micros: u64,
+    kind: FrameKind,
+    payload: &'a [u8],
+}
+
+/// Appends the stored form of `frame` to `buf`.
+pub fn encode_frame(frame: &Frame, buf: Vec<u8>) -> Result<Vec<u8>> {
+    postcard::to_extend(frame, buf).map_err(|e| Error::Storage(format!("cannot encode frame: {e}")))
+}
+
+fn decode_frame_ref(bytes: &[u8]) -> std::result::Result<FrameRef<'_>, postcard::Error> {
+    postcard::from_bytes(bytes)
+}
+
+fn decode_frame(stream: &str, seq: u64, bytes: &[u8]) -> Result<Frame> {
+    let f = decode_frame_ref(bytes).map_err(|e| corrupt_frame(stream, seq, &e))?;
+    Ok(Frame {
+        ts_micros: f.ts_micros,
+        kind: f.kind,
+        payload: Bytes::copy_from_slice(f.payload),
+    })
+}
+
+fn corrupt_frame(stream: &str, seq: u64, e: &postcard::Error) -> Error {
+    Error::Storage(format!(
+        "stored frame {seq} of stream {stream} is unreadable: {e}"
+    ))
+}
+
+fn decode_meta(stream: &str, bytes: &[u8]) -> Result<StreamMeta> {
+    postcard::from_bytes(bytes)
+        .map_err(|e| Error::Storage(format!("metadata of stream {stream:?} is unreadable: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn frame(payload: &'static [u8]) -> Frame {
+        Frame {
+            ts_micros: 1_700_000_000_000_000,
+            kind: FrameKind::Stdout,
+            payload: Bytes::from_static(payload),
+        }
+    }
+
+    #[test]
+    fn stored_frame_decodes_to_the_frame_written() {
+        let f = frame(b"hello \x00 world");
+        let bytes = encode_frame(&f, Vec::new()).unwrap();
+        assert_eq!(decode_frame("s", 1, &bytes).unwrap(), f);
+        let empty = frame(b"");
+        let bytes = encode_frame(&empty, Vec::new()).unwrap();
+        assert_eq!(decode_frame("s", 1, &bytes).unwrap(), empty);
+    }
+
+    #[test]
+    fn enospc_is_disk_full() {
+        let e = io::Error::from_raw_os_error(libc::ENOSPC);
+        assert!(matches!(
+            storage(redb::StorageError::Io(e)),
+            Error::DiskFull { .. }
+        ));
+        let e = io::Error::from_raw_os_error(libc::EIO);
+        assert!(matches!(
+            storage(redb::StorageError::Io(e)),
+            Error::Storage(_)
+        ));
+    }
+
+    #[test]
+    fn delete_prefix_stops_at_the_first_kept_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.redb")).unwrap();
+        store
+            .write(|txn| {
+                for seq in 1..=10 {
+                    txn.put_frame(7, seq, &frame(b"abc"))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        let deleted = store
+            .write(|txn| txn.delete_prefix(7, 1, 10, |info| info.seq != 4 && info.seq < 8))
+            .unwrap();
+        assert_eq!(deleted.frames, 3);
+        assert_eq!(deleted.bytes, 9);
+        assert_eq!(deleted.first_kept.map(|i| i.seq), Some(4));
+        assert_eq!(store.frame_ts(7, 3).unwrap(), None);
+        assert!(store.frame_ts(7, 4).unwrap().is_some());
+        assert!(store.frame_ts(7, 9).unwrap().is_some());
+    }
+
+    #[test]
+    fn garbage_file_is_a_corrupt_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tether.redb");
+        std::fs::write(&path, vec![0x5a; 64 * 1024]).unwrap();
+        let before = std::fs::read(&path).unwrap();
+        match Store::open(&path) {
+            Err(Error::CorruptStore { path: p, .. }) => assert_eq!(p, path),
+            other => panic!("expected CorruptStore, got {other:?}"),
+        }
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "a corrupt store is left untouched"
+        );
+    }
+}

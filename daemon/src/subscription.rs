@@ -1,0 +1,244 @@
+//! A subscription: "every frame of a stream after seq K", as a gap-free
+//! series of events.
+//!
+//! A subscription reads the store in bounded chunks until it has caught up
+//! with the stream, then registers with the [`Hub`] and takes live batches.
+//! The registration's `last_seq` tells it which seqs the live channel will
+//! carry; anything older it reads from the store first. When the hub drops
+//! it (it fell behind its byte budget) it goes back to reading the store and
+//! registers again once caught up. Live frames below the next expected seq
+//! are skipped, so the hand-over between the two sources never repeats a
+//! seq, and a live batch that starts beyond it sends the subscription back
+//! to the store, so none is skipped either.
+//!
+//! The only way a seq is not delivered is a [`Gap`]: emitted exactly when the
+//! next expected seq is below the stream's first retained one (it was
+//! compacted or expired).
+
+use std::sync::Arc;
+
+use tether_protocol::{Frame, Gap};
+
+use crate::hub::{Hub, Registration};
+use crate::store::{ReadChunk, ReadLimits, Store};
+use crate::{Error, Result};
+
+/// Frames read from the store at once, at most.
+pub const READ_MAX_FRAMES: usize = 1024;
+/// Payload bytes read from the store at once, at most (one larger frame is
+/// still read on its own).
+pub const READ_MAX_BYTES: usize = 1024 * 1024;
+
+/// One step of a subscription.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SubEvent {
+    /// Stored frames with their seqs: non-empty, ascending, contiguous, and
+    /// starting at the seq after the previous event's last.
+    Frames(Vec<(u64, Frame)>),
+    /// Frames from `requested` were compacted or expired; the next frame
+    /// delivered is `first_available`.
+    Gap(Gap),
+    /// A non-following subscription delivered everything through
+    /// `last_seq`. Every later call returns it again.
+    End { last_seq: u64 },
+}
+
+/// A durable subscription to one stream. See the module documentation.
+#[derive(Debug)]
+pub struct Subscription {
+    stream: String,
+    store: Arc<Store>,
+    hub: Arc<Hub>,
+    /// The next seq to deliver.
+    next_seq: u64,
+    /// For a non-following subscription: the last seq to deliver.
+    end: Option<u64>,
+    /// Present while following live.
+    live: Option<Registration>,
+    /// The most bytes ever queued to any of this subscription's
+    /// registrations; kept across re-registrations.
+    peak_queued: usize,
+}
+
+impl Subscription {
+    /// A subscription delivering `next_seq` onwards; through `end` when
+    /// given, else forever. Callers check that the stream exists.
+    pub(crate) fn new(
+        store: Arc<Store>,
+        hub: Arc<Hub>,
+        stream: &str,
+        next_seq: u64,
+        end: Option<u64>,
+    ) -> Self {
+        Self {
+            stream: stream.to_owned(),
+            store,
+            hub,
+            next_seq,
+            end,
+            live: None,
+            peak_queued: 0,
+        }
+    }
+
+    /// A following subscription that starts at an existing registration,
+    /// with no replay: the first frame delivered is the first one committed
+    /// after `registration` was made.
+    pub(crate) fn from_registration(
+        store: Arc<Store>,
+        hub: Arc<Hub>,
+        stream: &str,
+        registration: Registration,
+    ) -> Self {
+        let mut sub = Self::new(store, hub, stream, registration.last_seq + 1, None);
+        sub.live = Some(registration);
+        sub
+    }
+
+    /// The stream this subscription reads.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// The seq the next delivered frame will have (unless a gap intervenes).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The most bytes the hub ever held queued for this subscription. Never
+    /// above the hub's per-follower budget.
+    pub fn peak_queued_bytes(&self) -> usize {
+        let current = self
+            .live
+            .as_ref()
+            .map_or(0, Registration::peak_queued_bytes);
+        self.peak_queued.max(current)
+    }
+
+    /// The next event. Cancel safe: if the future is dropped before it
+    /// completes, nothing was consumed and the next call picks up at the
+    /// same seq.
+    pub async fn next(&mut self) -> Result<SubEvent> {
+        loop {
+            if let Some(end) = self.end {
+                if self.next_seq > end {
+                    return Ok(SubEvent::End { last_seq: end });
+                }
+            }
+            if self.live_covers_next() {
+                match self.recv_live().await {
+                    Some(event) => return Ok(event),
+                    None => continue,
+                }
+            }
+            if let Some(event) = self.read_store().await? {
+                return Ok(event);
+            }
+            if self.live.is_none() {
+                // Caught up with the store: follow live from here. Frames
+                // committed since the read are not above the registration's
+                // last seq and come from the store on the next turn.
+                self.live = Some(self.hub.register(&self.stream)?);
+            }
+        }
+    }
+
+    /// True when the next seq can only come from the live channel: the
+    /// registration started at or after it.
+    fn live_covers_next(&self) -> bool {
+        self.live
+            .as_ref()
+            .is_some_and(|live| self.next_seq > live.last_seq)
+    }
+
+    /// Takes one live batch. `None` means "look again": the batch held only
+    /// frames already delivered, or the subscription left the live channel
+    /// (the hub dropped it, or the batch did not join up with the next seq)
+    /// and must read the store.
+    async fn recv_live(&mut self) -> Option<SubEvent> {
+        let live = self.live.as_mut()?;
+        let Some(batch) = live.recv().await else {
+            // The hub dropped this follower: catch up from the store and
+            // register again afterwards.
+            self.drop_live();
+            return None;
+        };
+        let fresh: Vec<(u64, Frame)> = batch
+            .iter()
+            .filter(|(seq, _)| *seq >= self.next_seq)
+            .cloned()
+            .collect();
+        match fresh.first() {
+            // Everything in it was already delivered from the store.
+            None => None,
+            Some((seq, _)) if *seq == self.next_seq => Some(self.deliver(fresh)),
+            Some(_) => {
+                // A hole between what was delivered and the live batch:
+                // the store has the missing frames.
+                self.drop_live();
+                None
+            }
+        }
+    }
+
+    fn drop_live(&mut self) {
+        if let Some(live) = self.live.take() {
+            self.peak_queued = self.peak_queued.max(live.peak_queued_bytes());
+        }
+    }
+
+    /// Reads the next chunk from the store. `Ok(None)` means the store has
+    /// nothing after the next seq yet.
+    async fn read_store(&mut self) -> Result<Option<SubEvent>> {
+        let chunk = self.read_chunk().await?;
+        if self.next_seq < chunk.first_seq {
+            let gap = Gap {
+                requested: self.next_seq,
+                first_available: chunk.first_seq,
+            };
+            self.next_seq = chunk.first_seq;
+            return Ok(Some(SubEvent::Gap(gap)));
+        }
+        if !chunk.frames.is_empty() {
+            return Ok(Some(self.deliver(chunk.frames)));
+        }
+        if let Some(end) = self.end {
+            // Unreachable while `end` is at most the stream's last seq, as
+            // `Queue::subscribe` ensures; stopping beats waiting forever.
+            self.end = Some(end.min(self.next_seq.saturating_sub(1)));
+            return Ok(Some(SubEvent::End {
+                last_seq: self.next_seq.saturating_sub(1),
+            }));
+        }
+        if let Some(live) = &self.live {
+            if self.next_seq <= live.last_seq {
+                return Err(Error::Storage(format!(
+                    "stream {:?} lost frame {} between commit and read",
+                    self.stream, self.next_seq
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn read_chunk(&self) -> Result<ReadChunk> {
+        let store = self.store.clone();
+        let stream = self.stream.clone();
+        let from = self.next_seq;
+        let limits = ReadLimits {
+            max_frames: READ_MAX_FRAMES,
+            max_bytes: READ_MAX_BYTES,
+            through_seq: self.end.unwrap_or(u64::MAX),
+        };
+        tokio::task::spawn_blocking(move || store.read_frames(&stream, from, limits))
+            .await
+            .map_err(|e| Error::Storage(format!("store read task failed: {e}")))?
+    }
+
+    fn deliver(&mut self, frames: Vec<(u64, Frame)>) -> SubEvent {
+        if let Some((last, _)) = frames.last() {
+            self.next_seq = last + 1;
+        }
+        SubEvent::Frames(frames)
+    }
+}

@@ -1,0 +1,430 @@
+//! Golden bytes: the exact frames of one representative value of every
+//! `Request` and `Response` variant.
+//!
+//! Postcard is not self-describing: the order of enum variants and of struct
+//! fields *is* the wire format, and reordering, inserting or retyping one
+//! silently changes the bytes. If this test fails, the wire format changed:
+//! bump `PROTOCOL_VERSION` and update the fixtures in the same change, or
+//! undo the change. `Request::Hello` and `Response::HelloOk` must stay variant
+//! 0, `Response::Error` variant 1, and `Hello::version` its first field, in
+//! every version, so that peers of different versions can refuse each other.
+//!
+//! Each fixture is written as the 4-byte big-endian length prefix followed by
+//! the body, one field per space-separated group. Postcard writes integers
+//! wider than a byte as LEB128 varints (300 is `ac02`), enum variants as a
+//! varint index, strings and byte strings as a varint length and the bytes,
+//! `Option` as `00` or `01` and the value, `bool` as `00`/`01`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+
+use bytes::{Bytes, BytesMut};
+use serde::{de::DeserializeOwned, Serialize};
+use tether_protocol::{
+    Append, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck, DurableResume,
+    ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Request, Response, ServerCodec,
+    StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed, PROTOCOL_VERSION,
+};
+use tokio_util::codec::{Decoder, Encoder};
+
+/// The wire format these fixtures freeze.
+const FROZEN_VERSION: u32 = 1;
+
+fn request_fixtures() -> Vec<(Request, &'static str)> {
+    vec![
+        (
+            Request::Hello(Hello {
+                version: 1,
+                capabilities: Capabilities::DURABLE,
+                client: "tether 0.1.0".into(),
+            }),
+            "00000010 00 01 01 0c74657468657220302e312e30",
+        ),
+        (
+            Request::Append(Append {
+                stream: "jobs".into(),
+                producer: "p1".into(),
+                producer_seq: 300,
+                kind: FrameKind::Stdout,
+                payload: Bytes::from_static(b"hi\n"),
+            }),
+            "00000010 01 046a6f6273 027031 ac02 01 0368690a",
+        ),
+        (
+            Request::Subscribe(Subscribe {
+                stream: "jobs".into(),
+                start: StartAt::Oldest,
+                follow: true,
+                consumer: None,
+            }),
+            "00000009 02 046a6f6273 00 01 00",
+        ),
+        (
+            Request::Subscribe(Subscribe {
+                stream: "jobs".into(),
+                start: StartAt::Last(10),
+                follow: false,
+                consumer: Some("c".into()),
+            }),
+            "0000000c 02 046a6f6273 010a 00 010163",
+        ),
+        (
+            Request::Subscribe(Subscribe {
+                stream: "jobs".into(),
+                start: StartAt::ConsumerAck,
+                follow: true,
+                consumer: Some("c".into()),
+            }),
+            "0000000b 02 046a6f6273 02 01 010163",
+        ),
+        (
+            Request::Subscribe(Subscribe {
+                stream: "jobs".into(),
+                start: StartAt::Now,
+                follow: true,
+                consumer: None,
+            }),
+            "00000009 02 046a6f6273 03 01 00",
+        ),
+        (
+            Request::DurableResume(DurableResume {
+                stream: "jobs".into(),
+                acked_through: 128,
+                follow: true,
+                consumer: Some("c".into()),
+            }),
+            "0000000c 03 046a6f6273 8001 01 010163",
+        ),
+        (
+            Request::DurableAck(DurableAck { through_seq: 16384 }),
+            "00000004 04 808001",
+        ),
+        (Request::ListStreams, "00000001 05"),
+        (Request::Status, "00000001 06"),
+    ]
+}
+
+fn response_fixtures() -> Vec<(Response, &'static str)> {
+    vec![
+        (
+            Response::HelloOk(HelloOk {
+                version: 1,
+                capabilities: Capabilities::DURABLE,
+                daemon: "0.1.0".into(),
+            }),
+            "00000009 00 01 01 05302e312e30",
+        ),
+        (
+            Response::Error(ErrorFrame {
+                code: ErrorCode::UNSUPPORTED_VERSION,
+                message: "v2?".into(),
+            }),
+            "00000006 01 01 0376323f",
+        ),
+        (
+            // A code newer than this build still travels as a plain varint.
+            Response::Error(ErrorFrame {
+                code: ErrorCode(300),
+                message: String::new(),
+            }),
+            "00000004 01 ac02 00",
+        ),
+        (
+            Response::Appended(Appended {
+                stream: "jobs".into(),
+                producer: "p1".into(),
+                producer_seq: 300,
+                seq: 42,
+            }),
+            "0000000c 02 046a6f6273 027031 ac02 2a",
+        ),
+        (
+            Response::Subscribed(Subscribed {
+                first_seq: 1,
+                last_seq: 0,
+            }),
+            "00000003 03 01 00",
+        ),
+        (
+            Response::Durable(Durable {
+                seq: 42,
+                frame: Frame {
+                    ts_micros: 1_700_000_000_000_000,
+                    kind: FrameKind::Data,
+                    payload: Bytes::from_static(b"ok"),
+                },
+            }),
+            "0000000e 04 2a 8080f9c0c1c48203 00 026f6b",
+        ),
+        (
+            Response::Live(Frame {
+                ts_micros: 5,
+                kind: FrameKind::Stderr,
+                payload: Bytes::from_static(b"e"),
+            }),
+            "00000005 05 05 02 0165",
+        ),
+        (
+            Response::Live(Frame {
+                ts_micros: 0,
+                kind: FrameKind::Event,
+                payload: Bytes::new(),
+            }),
+            "00000004 05 00 03 00",
+        ),
+        (
+            Response::Gap(Gap {
+                requested: 3,
+                first_available: 200,
+            }),
+            "00000004 06 03 c801",
+        ),
+        (Response::End { last_seq: 7 }, "00000002 07 07"),
+        (
+            Response::Acked(DurableAck { through_seq: 9 }),
+            "00000002 08 09",
+        ),
+        (
+            Response::Streams(vec![StreamInfo {
+                name: "jobs".into(),
+                first_seq: 5,
+                last_seq: 9,
+                frames: 5,
+                bytes: 1000,
+                consumers: vec![ConsumerInfo {
+                    name: "c".into(),
+                    acked_through: 4,
+                }],
+            }]),
+            "00000010 09 01 046a6f6273 05 09 05 e807 01 0163 04",
+        ),
+        (Response::Streams(vec![]), "00000002 09 00"),
+        (
+            Response::Status(StatusInfo {
+                version: "0.1.0".into(),
+                protocol: 1,
+                pid: 4321,
+                uptime_secs: 60,
+                socket: "/s".into(),
+                state_dir: "/d".into(),
+                store_bytes: 65536,
+                streams: 2,
+                executions: 1,
+                connections: 3,
+            }),
+            "00000017 0a 05302e312e30 01 e121 3c 022f73 022f64 808004 02 01 03",
+        ),
+    ]
+}
+
+/// The variant's name. The match is exhaustive on purpose: a new variant
+/// does not compile until it is named here, and then the coverage test
+/// fails until it has a fixture.
+fn request_variant(msg: &Request) -> &'static str {
+    match msg {
+        Request::Hello(_) => "Hello",
+        Request::Append(_) => "Append",
+        Request::Subscribe(_) => "Subscribe",
+        Request::DurableResume(_) => "DurableResume",
+        Request::DurableAck(_) => "DurableAck",
+        Request::ListStreams => "ListStreams",
+        Request::Status => "Status",
+    }
+}
+
+const ALL_REQUEST_VARIANTS: [&str; 7] = [
+    "Hello",
+    "Append",
+    "Subscribe",
+    "DurableResume",
+    "DurableAck",
+    "ListStreams",
+    "Status",
+];
+
+/// See [`request_variant`].
+fn response_variant(msg: &Response) -> &'static str {
+    match msg {
+        Response::HelloOk(_) => "HelloOk",
+        Response::Error(_) => "Error",
+        Response::Appended(_) => "Appended",
+        Response::Subscribed(_) => "Subscribed",
+        Response::Durable(_) => "Durable",
+        Response::Live(_) => "Live",
+        Response::Gap(_) => "Gap",
+        Response::End { .. } => "End",
+        Response::Acked(_) => "Acked",
+        Response::Streams(_) => "Streams",
+        Response::Status(_) => "Status",
+    }
+}
+
+const ALL_RESPONSE_VARIANTS: [&str; 11] = [
+    "HelloOk",
+    "Error",
+    "Appended",
+    "Subscribed",
+    "Durable",
+    "Live",
+    "Gap",
+    "End",
+    "Acked",
+    "Streams",
+    "Status",
+];
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(spaced: &str) -> Vec<u8> {
+    let digits: Vec<u8> = spaced
+        .bytes()
+        .filter(|b| !b.is_ascii_whitespace())
+        .collect();
+    digits
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
+        .collect()
+}
+
+/// Checks every fixture in both directions (value to bytes, bytes to value)
+/// and reports all mismatches at once, with the actual bytes to compare.
+fn check_fixtures<T, E, D>(fixtures: Vec<(T, &'static str)>, mut encoder: E, mut decoder: D)
+where
+    T: Serialize + DeserializeOwned + PartialEq + Debug + Clone,
+    E: Encoder<T, Error = tether_protocol::Error>,
+    D: Decoder<Item = T, Error = tether_protocol::Error>,
+{
+    let mut failures = Vec::new();
+    for (value, golden) in fixtures {
+        let golden_bytes = from_hex(golden);
+        let mut encoded = BytesMut::new();
+        encoder.encode(value.clone(), &mut encoded).unwrap();
+        if encoded[..] != golden_bytes[..] {
+            failures.push(format!(
+                "{value:?}\n   golden: {}\n   actual: {}",
+                to_hex(&golden_bytes),
+                to_hex(&encoded)
+            ));
+            continue;
+        }
+        let mut src = BytesMut::from(&golden_bytes[..]);
+        match decoder.decode(&mut src) {
+            Ok(Some(decoded)) if decoded == value && src.is_empty() => {}
+            other => failures.push(format!("{golden} decoded to {other:?}, not {value:?}")),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the wire format changed (bump PROTOCOL_VERSION and update the fixtures):\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn requests_encode_to_their_golden_bytes() {
+    check_fixtures(request_fixtures(), ClientCodec::new(), ServerCodec::new());
+}
+
+#[test]
+fn responses_encode_to_their_golden_bytes() {
+    check_fixtures(response_fixtures(), ServerCodec::new(), ClientCodec::new());
+}
+
+#[test]
+fn every_request_variant_has_a_fixture() {
+    let covered: BTreeSet<_> = request_fixtures()
+        .iter()
+        .map(|(msg, _)| request_variant(msg))
+        .collect();
+    assert_eq!(covered, BTreeSet::from(ALL_REQUEST_VARIANTS));
+}
+
+#[test]
+fn every_response_variant_has_a_fixture() {
+    let covered: BTreeSet<_> = response_fixtures()
+        .iter()
+        .map(|(msg, _)| response_variant(msg))
+        .collect();
+    assert_eq!(covered, BTreeSet::from(ALL_RESPONSE_VARIANTS));
+}
+
+#[test]
+fn every_start_position_and_frame_kind_has_a_fixture() {
+    let starts: BTreeSet<_> = request_fixtures()
+        .iter()
+        .filter_map(|(msg, _)| match msg {
+            Request::Subscribe(s) => Some(match s.start {
+                StartAt::Oldest => "Oldest",
+                StartAt::Last(_) => "Last",
+                StartAt::ConsumerAck => "ConsumerAck",
+                StartAt::Now => "Now",
+            }),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        starts,
+        BTreeSet::from(["Oldest", "Last", "ConsumerAck", "Now"])
+    );
+
+    let mut kinds = Vec::new();
+    for (msg, _) in request_fixtures() {
+        if let Request::Append(a) = msg {
+            kinds.push(a.kind);
+        }
+    }
+    for (msg, _) in response_fixtures() {
+        match msg {
+            Response::Durable(d) => kinds.push(d.frame.kind),
+            Response::Live(f) => kinds.push(f.kind),
+            _ => {}
+        }
+    }
+    for kind in [
+        FrameKind::Data,
+        FrameKind::Stdout,
+        FrameKind::Stderr,
+        FrameKind::Event,
+    ] {
+        assert!(kinds.contains(&kind), "no fixture carries {kind:?}");
+    }
+}
+
+/// The numbers behind named constants travel on the wire too.
+#[test]
+fn error_codes_and_capability_bits_keep_their_numbers() {
+    let codes = [
+        (ErrorCode::UNSUPPORTED_VERSION, 1, "unsupported_version"),
+        (ErrorCode::MALFORMED, 2, "malformed"),
+        (ErrorCode::FRAME_TOO_LARGE, 3, "frame_too_large"),
+        (ErrorCode::HELLO_REQUIRED, 4, "hello_required"),
+        (ErrorCode::INVALID_REQUEST, 5, "invalid_request"),
+        (ErrorCode::NOT_FOUND, 6, "not_found"),
+        (ErrorCode::STORAGE_FULL, 7, "storage_full"),
+        (ErrorCode::STORAGE, 8, "storage"),
+        (ErrorCode::TOO_MANY_CONNECTIONS, 9, "too_many_connections"),
+        (ErrorCode::SHUTTING_DOWN, 10, "shutting_down"),
+        (ErrorCode::PERMISSION_DENIED, 11, "permission_denied"),
+        (ErrorCode::INTERNAL, 12, "internal"),
+    ];
+    for (code, number, name) in codes {
+        assert_eq!(code.0, number, "{name}");
+        assert_eq!(code.name(), name);
+        assert_eq!(code.to_string(), name);
+    }
+    assert_eq!(ErrorCode(0).name(), "unknown");
+    assert_eq!(ErrorCode(13).name(), "unknown");
+    assert_eq!(Capabilities::NONE.0, 0);
+    assert_eq!(Capabilities::DURABLE.0, 1);
+}
+
+#[test]
+fn fixtures_are_for_the_current_protocol_version() {
+    assert_eq!(
+        PROTOCOL_VERSION, FROZEN_VERSION,
+        "PROTOCOL_VERSION changed: re-check every fixture here and set FROZEN_VERSION"
+    );
+}
