@@ -64,6 +64,8 @@ const SUBSCRIPTION_BACKLOG: usize = 2;
 struct Refusal {
     code: ErrorCode,
     message: String,
+    /// The client is gone: there is nobody to tell and nothing to warn about.
+    client_gone: bool,
 }
 
 impl Refusal {
@@ -71,6 +73,7 @@ impl Refusal {
         Self {
             code,
             message: message.into(),
+            client_gone: false,
         }
     }
 }
@@ -131,6 +134,9 @@ pub async fn run(stream: UnixStream, shared: Arc<Shared>, shutdown: Cancellation
                     "the daemon is shutting down; reconnect to resume",
                 ))
                 .await;
+        }
+        Err(refusal) if refusal.client_gone => {
+            tracing::debug!("client went away: {}", refusal.message);
         }
         Err(refusal) => {
             tracing::warn!(code = %refusal.code, "closing connection: {}", refusal.message);
@@ -496,7 +502,10 @@ fn range_of(queue: &Queue, stream: &str) -> Result<(u64, u64), Refusal> {
 
 /// A failed write means the client is gone; the refusal is only logged.
 fn write_failed(e: tether_protocol::Error) -> Refusal {
-    Refusal::new(ErrorCode::INTERNAL, format!("cannot write to client: {e}"))
+    Refusal {
+        client_gone: true,
+        ..Refusal::new(ErrorCode::INTERNAL, format!("cannot write to client: {e}"))
+    }
 }
 
 /// One cumulative `Appended` per (stream, producer) of a committed batch,

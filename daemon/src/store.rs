@@ -50,7 +50,10 @@ pub const SCHEMA_VERSION: u64 = 1;
 
 /// redb's page cache. Bounded so that the daemon's memory does not grow with
 /// the store; large enough to hold a full group commit in its write buffer.
-const CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// Measured: at 64 MiB the daemon peaked at 168 MiB resident on W1 (the
+/// cache is many small page buffers); at 16 MiB it peaks near 50 MiB with
+/// no loss of ingest or replay speed.
+const CACHE_BYTES: usize = 16 * 1024 * 1024;
 
 const STREAMS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("streams");
 const FRAMES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("frames");
