@@ -313,6 +313,14 @@ impl Session {
                 let status = self.status();
                 self.send_all(vec![Response::Status(status)]).await
             }
+            Request::Run(_)
+            | Request::ListExecutions { .. }
+            | Request::Stop { .. }
+            | Request::ShimHello(_)
+            | Request::WorkerExited(_) => Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                "supervised workers are not available in this build",
+            )),
             Request::Append(_) | Request::DurableAck(_) => Err(Refusal::new(
                 ErrorCode::INTERNAL,
                 "pipelined request reached the control path",

@@ -26,6 +26,10 @@ use tether_protocol::{
     ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Request, Response, ServerCodec,
     StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed, PROTOCOL_VERSION,
 };
+use tether_protocol::{
+    CheckpointRef, ExecState, ExecutionInfo, ExitStatus, RestartPolicy, RunSpec, ShimHello,
+    WorkerExited,
+};
 use tokio_util::codec::{Decoder, Encoder};
 
 /// The wire format these fixtures freeze.
@@ -102,6 +106,46 @@ fn request_fixtures() -> Vec<(Request, &'static str)> {
         ),
         (Request::ListStreams, "00000001 05"),
         (Request::Status, "00000001 06"),
+        (
+            Request::Run(RunSpec {
+                name: Some("a".into()),
+                command: vec!["sh".into(), "-c".into()],
+                cwd: None,
+                env: vec![("K".into(), "V".into())],
+                restart: RestartPolicy::OnFailure,
+                max_restarts: Some(3),
+                deadline_ms: None,
+            }),
+            "00000015 0701016102027368022d630001014b015601010300",
+        ),
+        (Request::ListExecutions { all: true }, "00000002 0801"),
+        (
+            Request::Stop {
+                execution: "e1".into(),
+                timeout_ms: 10000,
+            },
+            "00000006 09026531904e",
+        ),
+        (
+            Request::ShimHello(ShimHello {
+                execution: "e1".into(),
+                attempt: 2,
+                shim_pid: 100,
+                shim_start_ticks: 5000,
+                worker_pid: Some(101),
+                worker_start_ticks: 5001,
+                boot_id: "b".into(),
+            }),
+            "0000000e 0a02653102648827016589270162",
+        ),
+        (
+            Request::WorkerExited(WorkerExited {
+                execution: "e1".into(),
+                attempt: 2,
+                status: ExitStatus::Signal(9),
+            }),
+            "00000007 0b026531020112",
+        ),
     ]
 }
 
@@ -215,6 +259,53 @@ fn response_fixtures() -> Vec<(Response, &'static str)> {
             }),
             "00000017 0a 05302e312e30 01 e121 3c 022f73 022f64 808004 02 01 03",
         ),
+        (
+            Response::Started {
+                execution: "e1".into(),
+            },
+            "00000004 0b026531",
+        ),
+        (
+            Response::Executions(vec![ExecutionInfo {
+                id: "e1".into(),
+                name: None,
+                state: ExecState::Running,
+                pid: Some(101),
+                attempt: 1,
+                restarts: 0,
+                command: vec!["true".into()],
+                restart: RestartPolicy::Never,
+                last_exit: Some(ExitStatus::Code(1)),
+                reason: None,
+                created_micros: 1,
+                stream_last_seq: 7,
+                last_checkpoint: Some(CheckpointRef {
+                    seq: 5,
+                    created_micros: 2,
+                }),
+            }]),
+            "0000001b 0c0102653100020165010001047472756500010002000107010502",
+        ),
+        (
+            Response::Stopped(ExecutionInfo {
+                id: "e1".into(),
+                name: Some("n".into()),
+                state: ExecState::Cancelled,
+                pid: None,
+                attempt: 1,
+                restarts: 0,
+                command: vec![],
+                restart: RestartPolicy::Always,
+                last_exit: Some(ExitStatus::SpawnFailed("x".into())),
+                reason: Some("r".into()),
+                created_micros: 0,
+                stream_last_seq: 0,
+                last_checkpoint: None,
+            }),
+            "00000017 0d02653101016e06000100000201020178010172000000",
+        ),
+        (Response::ShimAccepted, "00000001 0e"),
+        (Response::ExitRecorded, "00000001 0f"),
     ]
 }
 
@@ -230,10 +321,15 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::DurableAck(_) => "DurableAck",
         Request::ListStreams => "ListStreams",
         Request::Status => "Status",
+        Request::Run(_) => "Run",
+        Request::ListExecutions { .. } => "ListExecutions",
+        Request::Stop { .. } => "Stop",
+        Request::ShimHello(_) => "ShimHello",
+        Request::WorkerExited(_) => "WorkerExited",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 7] = [
+const ALL_REQUEST_VARIANTS: [&str; 12] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -241,6 +337,11 @@ const ALL_REQUEST_VARIANTS: [&str; 7] = [
     "DurableAck",
     "ListStreams",
     "Status",
+    "Run",
+    "ListExecutions",
+    "Stop",
+    "ShimHello",
+    "WorkerExited",
 ];
 
 /// See [`request_variant`].
@@ -257,10 +358,15 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::Acked(_) => "Acked",
         Response::Streams(_) => "Streams",
         Response::Status(_) => "Status",
+        Response::Started { .. } => "Started",
+        Response::Executions(_) => "Executions",
+        Response::Stopped(_) => "Stopped",
+        Response::ShimAccepted => "ShimAccepted",
+        Response::ExitRecorded => "ExitRecorded",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 11] = [
+const ALL_RESPONSE_VARIANTS: [&str; 16] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -272,6 +378,11 @@ const ALL_RESPONSE_VARIANTS: [&str; 11] = [
     "Acked",
     "Streams",
     "Status",
+    "Started",
+    "Executions",
+    "Stopped",
+    "ShimAccepted",
+    "ExitRecorded",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {
