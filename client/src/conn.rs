@@ -366,24 +366,7 @@ impl Connection {
 
 /// An error for a response that does not belong where it arrived.
 pub(crate) fn unexpected(wanted: &str, got: &Response) -> Error {
-    Error::Protocol(format!("expected {wanted}, got {}", response_name(got)))
-}
-
-/// The variant name of a response, for messages.
-pub(crate) fn response_name(response: &Response) -> &'static str {
-    match response {
-        Response::HelloOk(_) => "HelloOk",
-        Response::Error(_) => "Error",
-        Response::Appended(_) => "Appended",
-        Response::Subscribed(_) => "Subscribed",
-        Response::Durable(_) => "Durable",
-        Response::Live(_) => "Live",
-        Response::Gap(_) => "Gap",
-        Response::End { .. } => "End",
-        Response::Acked(_) => "Acked",
-        Response::Streams(_) => "Streams",
-        Response::Status(_) => "Status",
-    }
+    Error::Protocol(format!("expected {wanted}, got {}", got.name()))
 }
 
 /// Where a [`Link`] stands.

@@ -264,6 +264,30 @@ pub enum Response {
     ExitRecorded,
 }
 
+impl Response {
+    /// The variant's name, for logs and error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Response::HelloOk(_) => "HelloOk",
+            Response::Error(_) => "Error",
+            Response::Appended(_) => "Appended",
+            Response::Subscribed(_) => "Subscribed",
+            Response::Durable(_) => "Durable",
+            Response::Live(_) => "Live",
+            Response::Gap(_) => "Gap",
+            Response::End { .. } => "End",
+            Response::Acked(_) => "Acked",
+            Response::Streams(_) => "Streams",
+            Response::Status(_) => "Status",
+            Response::Started { .. } => "Started",
+            Response::Executions(_) => "Executions",
+            Response::Stopped(_) => "Stopped",
+            Response::ShimAccepted => "ShimAccepted",
+            Response::ExitRecorded => "ExitRecorded",
+        }
+    }
+}
+
 /// Accepts a [`Hello`].
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct HelloOk {
