@@ -15,7 +15,9 @@
 //! error.
 
 use std::fmt;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -33,15 +35,18 @@ use crate::error::{humanize, Error, Result};
 
 /// Default retry window: how long to keep trying to reach the daemon.
 pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(30);
+/// A retry window that never runs out, for producers that must not give up
+/// while they hold data (a shim whose worker is still running).
+pub const RETRY_FOREVER: Duration = Duration::MAX;
 
 /// Upper bound on waiting for `HelloOk` once the transport is open.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lower bound on the same, so that the last attempt of a retry window
 /// still gets a fair chance instead of a zero timeout.
 const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
-/// Read buffer size: large enough that one read syscall carries hundreds of
-/// small frames.
-const READ_BUFFER: usize = 256 * 1024;
+/// Default size of a session's read and write buffers: large enough that
+/// one syscall carries hundreds of small frames.
+pub const DEFAULT_BUFFER_SIZE: usize = 256 * 1024;
 
 type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
 type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
@@ -102,7 +107,8 @@ impl fmt::Display for Endpoint {
 pub struct ConnectOptions {
     /// How long to keep retrying before giving up with
     /// [`Error::Unreachable`]. Counted from the first failed attempt of an
-    /// outage.
+    /// outage. [`RETRY_FOREVER`] (or any window too long to add to a clock
+    /// reading) never gives up.
     pub retry_window: Duration,
     /// Free-form description sent in `Hello` for the daemon's logs.
     pub client: String,
@@ -115,6 +121,10 @@ pub struct ConnectOptions {
     pub backoff_initial: Duration,
     /// Largest reconnect delay.
     pub backoff_cap: Duration,
+    /// Initial capacity of a session's read and write buffers. They grow
+    /// for larger frames; a small value saves memory in processes that
+    /// exchange few bytes (a shim reads only acknowledgements).
+    pub buffer_size: usize,
 }
 
 impl Default for ConnectOptions {
@@ -126,6 +136,7 @@ impl Default for ConnectOptions {
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
             backoff_initial: backoff::DEFAULT_INITIAL,
             backoff_cap: backoff::DEFAULT_CAP,
+            buffer_size: DEFAULT_BUFFER_SIZE,
         }
     }
 }
@@ -199,9 +210,9 @@ impl Connector {
         let codec = ClientCodec::with_max_frame_len(self.options.max_frame_len);
         let mut conn = Connection {
             endpoint: self.endpoint.to_string(),
-            reader: FramedRead::with_capacity(read, codec, READ_BUFFER),
+            reader: FramedRead::with_capacity(read, codec, self.options.buffer_size),
             writer: write,
-            out: BytesMut::with_capacity(READ_BUFFER),
+            out: BytesMut::with_capacity(self.options.buffer_size),
             max_frame_len: self.options.max_frame_len,
             hello: HelloOk {
                 version: 0,
@@ -397,6 +408,24 @@ pub struct Link {
     state: LinkState,
     backoff: Backoff,
     outage_since: Option<Instant>,
+    /// When the next attempt of the current outage is due. Kept across
+    /// calls so that an [`Link::establish`] dropped while waiting (say, in
+    /// `select!`) resumes the same wait instead of drawing a new, longer
+    /// backoff delay every time it is polled anew.
+    retry_at: Option<Instant>,
+    /// The connection attempt in progress, kept for the same reason: a
+    /// handshake dropped half-way would otherwise start over, and one that
+    /// is interrupted often enough would never finish.
+    attempt: Option<Attempt>,
+}
+
+/// A connection attempt (transport and handshake) in progress.
+struct Attempt(Pin<Box<dyn Future<Output = Result<Connection>> + Send>>);
+
+impl fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Attempt")
+    }
 }
 
 impl Link {
@@ -411,6 +440,8 @@ impl Link {
             state: LinkState::Idle,
             backoff,
             outage_since: None,
+            retry_at: None,
+            attempt: None,
         }
     }
 
@@ -443,28 +474,51 @@ impl Link {
     /// Makes sure a session is open. Returns `true` when it is a new one,
     /// on which the owner must restore its state (resubscribe, resend).
     ///
-    /// Cancel-safe: dropping the future leaves the link down, to be
-    /// retried, within the same window.
+    /// Cancel-safe: dropping the future keeps the wait or the connection
+    /// attempt in progress, and the next call resumes it.
     pub async fn establish(&mut self) -> Result<bool> {
         if let LinkState::Up(_) = self.state {
             return Ok(false);
         }
-        let window = self.connector.options.retry_window;
         loop {
-            if let LinkState::Down(_) = self.state {
-                let now = Instant::now();
-                let deadline = *self.outage_since.get_or_insert(now) + window;
-                if now >= deadline {
-                    return Err(self.give_up());
+            if self.attempt.is_none() {
+                if let LinkState::Down(_) = self.state {
+                    let now = Instant::now();
+                    let since = *self.outage_since.get_or_insert(now);
+                    let deadline = self.deadline_after(since);
+                    if deadline.is_some_and(|deadline| now >= deadline) {
+                        return Err(self.give_up());
+                    }
+                    let wake = match self.retry_at {
+                        Some(wake) => wake,
+                        None => {
+                            let wake = now + self.backoff.next_delay();
+                            let wake = deadline.map_or(wake, |deadline| wake.min(deadline));
+                            self.retry_at = Some(wake);
+                            wake
+                        }
+                    };
+                    tokio::time::sleep_until(wake.into()).await;
+                    self.retry_at = None;
                 }
-                let wake = (now + self.backoff.next_delay()).min(deadline);
-                tokio::time::sleep_until(wake.into()).await;
+                let budget = match self
+                    .outage_since
+                    .and_then(|since| self.deadline_after(since))
+                {
+                    Some(deadline) => deadline.saturating_duration_since(Instant::now()),
+                    None => self.connector.options.retry_window,
+                };
+                let connector = self.connector.clone();
+                self.attempt = Some(Attempt(Box::pin(async move {
+                    connector.connect_once(budget).await
+                })));
             }
-            let budget = match self.outage_since {
-                Some(since) => (since + window).saturating_duration_since(Instant::now()),
-                None => window,
+            let Some(attempt) = self.attempt.as_mut() else {
+                continue;
             };
-            match self.connector.connect_once(budget).await {
+            let outcome = attempt.0.as_mut().await;
+            self.attempt = None;
+            match outcome {
                 Ok(conn) => {
                     self.state = LinkState::Up(conn);
                     return Ok(true);
@@ -481,6 +535,12 @@ impl Link {
                 }
             }
         }
+    }
+
+    /// The end of the retry window of an outage that began at `since`;
+    /// `None` when the window is too long to end (never give up).
+    fn deadline_after(&self, since: Instant) -> Option<Instant> {
+        since.checked_add(self.connector.options.retry_window)
     }
 
     /// Records that the session failed with `cause`. A transient cause
@@ -516,6 +576,8 @@ impl Link {
     fn give_up(&mut self) -> Error {
         let state = std::mem::replace(&mut self.state, LinkState::Idle);
         self.outage_since = None;
+        self.retry_at = None;
+        self.attempt = None;
         let cause = match state {
             LinkState::Down(cause) => cause,
             _ => Error::Closed {
@@ -575,6 +637,62 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains(&path.display().to_string()), "{text}");
         assert!(text.contains("No such file or directory"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_window_of_forever_keeps_trying_until_the_daemon_appears() {
+        use futures_util::SinkExt;
+        use tether_protocol::ServerCodec;
+        use tokio_util::codec::Framed;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("late.sock");
+        let late = path.clone();
+        let server = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let listener = tokio::net::UnixListener::bind(&late).unwrap();
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut framed = Framed::new(stream, ServerCodec::new());
+            let _hello = framed.next().await;
+            framed
+                .send(Response::HelloOk(HelloOk {
+                    version: PROTOCOL_VERSION,
+                    capabilities: Capabilities::DURABLE,
+                    daemon: "late".into(),
+                }))
+                .await
+                .unwrap();
+            // Hold the session open until the client has seen the answer.
+            let _ = framed.next().await;
+        });
+        let connector = Connector::new(
+            Endpoint::unix(&path),
+            ConnectOptions {
+                retry_window: RETRY_FOREVER,
+                backoff_initial: Duration::from_millis(5),
+                backoff_cap: Duration::from_millis(50),
+                ..ConnectOptions::default()
+            },
+        );
+        let mut link = Link::new(connector);
+        // Polling `establish` in short slices, as `select!` does, must still
+        // connect: each slice resumes the same wait instead of starting a
+        // new, longer one.
+        let sliced = async {
+            loop {
+                let slice = tokio::time::timeout(Duration::from_millis(3), link.establish());
+                if let Ok(result) = slice.await {
+                    assert!(result.unwrap());
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), sliced)
+            .await
+            .expect("connected once the socket appeared");
+        assert_eq!(link.connection().unwrap().hello().daemon, "late");
+        drop(link);
+        server.await.unwrap();
     }
 
     #[tokio::test]

@@ -32,6 +32,16 @@ pub enum Error {
     #[error("{message} ({code})")]
     Daemon { code: ErrorCode, message: String },
 
+    /// The daemon refused the greeting that opens every session of a
+    /// publisher (a shim's `ShimHello`): it does not want this producer at
+    /// all, so reconnecting would not help.
+    #[error("tetherd refused {request}: {message} ({code})")]
+    Refused {
+        request: &'static str,
+        code: ErrorCode,
+        message: String,
+    },
+
     /// A socket operation failed; the session is lost.
     #[error("connection to {endpoint} failed: {source}")]
     Io {
@@ -95,7 +105,11 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Unreachable { .. } => EXIT_UNREACHABLE,
-            Error::Daemon { code, .. } if *code == ErrorCode::NOT_FOUND => EXIT_NOT_FOUND,
+            Error::Daemon { code, .. } | Error::Refused { code, .. }
+                if *code == ErrorCode::NOT_FOUND =>
+            {
+                EXIT_NOT_FOUND
+            }
             Error::Usage(_) => EXIT_USAGE,
             _ => EXIT_ERROR,
         }
@@ -135,7 +149,7 @@ impl Error {
     /// The daemon's error code, when the daemon refused something.
     pub fn daemon_code(&self) -> Option<ErrorCode> {
         match self {
-            Error::Daemon { code, .. } => Some(*code),
+            Error::Daemon { code, .. } | Error::Refused { code, .. } => Some(*code),
             _ => None,
         }
     }

@@ -11,6 +11,9 @@
 //!   after a lost session.
 //! * [`subscriber`]: a [`Subscriber`] that yields every frame exactly once
 //!   across reconnects, reports gaps, and acks for durable consumers.
+//! * [`shim`]: the per-worker shim that tetherd starts for each attempt of
+//!   a supervised worker (the `tether-shim` binary is a thin wrapper).
+//! * [`time`]: RFC 3339 timestamps and short ages for output.
 //! * [`error`]: the crate's one error type and its exit codes.
 //!
 //! Everything is async on tokio. The `tether` binary in this package is a
@@ -20,9 +23,11 @@ pub mod backoff;
 pub mod conn;
 pub mod error;
 pub mod publisher;
+pub mod shim;
 pub mod subscriber;
+pub mod time;
 
 pub use conn::{ConnectOptions, Connection, Connector, Endpoint, Link};
 pub use error::{Error, Result};
-pub use publisher::{Publisher, PublisherOptions};
+pub use publisher::{Greeting, Publisher, PublisherOptions};
 pub use subscriber::{Event, Start, SubscribeOptions, Subscriber};

@@ -9,6 +9,16 @@
 //! unacknowledged frame in order with the same producer name and producer
 //! seqs; the daemon deduplicates on (producer, producer seq), so a resend
 //! never stores a second copy.
+//!
+//! A publisher may open every session with a [`Greeting`]: a request sent
+//! before any frame is resent, whose answer is awaited. A shim uses it to
+//! say which worker it supervises (`ShimHello`) each time it reconnects.
+//!
+//! Two ways to drive it. [`Publisher::publish`] waits for room in the
+//! window and so suits a plain loop. A producer that must keep doing other
+//! things meanwhile (reading several pipes) checks [`Publisher::has_room`],
+//! hands frames over with [`Publisher::push`], which never waits, and runs
+//! [`Publisher::progress`], which is cancel-safe, in a `select!` loop.
 
 use std::collections::VecDeque;
 
@@ -16,7 +26,7 @@ use bytes::{Bytes, BytesMut};
 use tether_protocol::codec::encode_into;
 use tether_protocol::{validate_name, Append, FrameKind, Request, Response};
 
-use crate::conn::{unexpected, Connector, Link};
+use crate::conn::{unexpected, Connection, Connector, Link};
 use crate::error::{Error, Result};
 
 /// Default number of unacknowledged frames in flight.
@@ -30,6 +40,18 @@ const WRITE_CHUNK: usize = 128 * 1024;
 /// Room for the length varint of a payload up to 2^35 bytes.
 const MAX_LEN_VARINT: usize = 5;
 
+/// A request that opens every session of a [`Publisher`], before any frame
+/// is (re)sent.
+#[derive(Debug, Clone)]
+pub struct Greeting {
+    /// The request, sent unchanged on every new session.
+    pub request: Request,
+    /// True for the answer that accepts it. Any other answer is a protocol
+    /// violation; an error frame with a permanent code becomes
+    /// [`Error::Refused`].
+    pub accepts: fn(&Response) -> bool,
+}
+
 /// How a [`Publisher`] behaves.
 #[derive(Debug, Clone)]
 pub struct PublisherOptions {
@@ -38,8 +60,10 @@ pub struct PublisherOptions {
     /// Unacknowledged payload bytes allowed in flight (at least one frame
     /// is always allowed).
     pub max_unacked_bytes: usize,
-    /// The kind every published frame carries.
+    /// The kind frames carry when none is given ([`Publisher::publish`]).
     pub kind: FrameKind,
+    /// Sent first on every session, if set.
+    pub greeting: Option<Greeting>,
 }
 
 impl Default for PublisherOptions {
@@ -48,25 +72,48 @@ impl Default for PublisherOptions {
             window: DEFAULT_WINDOW,
             max_unacked_bytes: DEFAULT_MAX_UNACKED_BYTES,
             kind: FrameKind::Data,
+            greeting: None,
         }
     }
+}
+
+/// How far the current session is from carrying appends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Just opened: the greeting (if any) has not been queued yet.
+    Fresh,
+    /// The greeting is queued or sent; its answer has not arrived.
+    Greeting,
+    /// Appends may flow; every unacknowledged frame has been queued on it.
+    Ready,
+}
+
+/// One frame waiting for its acknowledgement.
+#[derive(Debug)]
+struct Unacked {
+    producer_seq: u64,
+    kind: FrameKind,
+    payload: Bytes,
 }
 
 /// Publishes frames to one stream as one producer. See the module docs.
 #[derive(Debug)]
 pub struct Publisher {
     link: Link,
+    phase: Phase,
     stream: String,
     producer: String,
     options: PublisherOptions,
     /// Unacknowledged frames in producer-seq order.
-    pending: VecDeque<(u64, Bytes)>,
+    pending: VecDeque<Unacked>,
     pending_bytes: usize,
-    /// Highest producer seq handed to [`Publisher::publish`].
+    /// Highest producer seq handed to the publisher.
     last_producer_seq: u64,
     /// Highest producer seq the daemon confirmed durable.
     acked_through: u64,
     max_payload: usize,
+    /// Sessions that became ready (greeted) so far.
+    sessions: u64,
 }
 
 impl Publisher {
@@ -82,9 +129,10 @@ impl Publisher {
         let producer = producer.into();
         validate_name("stream", &stream)?;
         validate_name("producer", &producer)?;
-        let max_payload = max_payload(&stream, &producer, &options, &connector)?;
+        let max_payload = max_payload(&stream, &producer, &connector)?;
         Ok(Self {
             link: Link::new(connector),
+            phase: Phase::Fresh,
             stream,
             producer,
             options: PublisherOptions {
@@ -96,10 +144,12 @@ impl Publisher {
             last_producer_seq: 0,
             acked_through: 0,
             max_payload,
+            sessions: 0,
         })
     }
 
-    /// Opens the session now (retrying within the retry window).
+    /// Opens the session now (retrying within the retry window), greeting
+    /// the daemon if a greeting is set.
     pub async fn connect(&mut self) -> Result<()> {
         self.ensure_session().await
     }
@@ -130,50 +180,63 @@ impl Publisher {
         self.acked_through
     }
 
-    /// Queues one frame. `producer_seq` must be above every earlier one;
-    /// gaps are allowed. Waits only when the window is full. The frame is
-    /// durable once [`Publisher::acked_through`] reaches `producer_seq`,
-    /// which [`Publisher::flush`] waits for.
+    /// Sessions that have been opened and greeted so far: 1 after the
+    /// first, and one more after every reconnect.
+    pub fn sessions(&self) -> u64 {
+        self.sessions
+    }
+
+    /// True while the window can take another frame without waiting.
+    pub fn has_room(&self) -> bool {
+        !self.window_full(0)
+    }
+
+    /// Queues one frame of the default kind. `producer_seq` must be above
+    /// every earlier one; gaps are allowed. Waits only when the window is
+    /// full. The frame is durable once [`Publisher::acked_through`] reaches
+    /// `producer_seq`, which [`Publisher::flush`] waits for.
     pub async fn publish(&mut self, producer_seq: u64, payload: Bytes) -> Result<()> {
-        if producer_seq <= self.last_producer_seq {
-            return Err(Error::Usage(format!(
-                "producer seq {producer_seq} is not above the previous one, {}",
-                self.last_producer_seq
-            )));
-        }
-        if payload.len() > self.max_payload {
-            return Err(Error::PayloadTooLarge {
-                len: payload.len(),
-                max: self.max_payload,
-            });
-        }
+        self.publish_kind(producer_seq, self.options.kind, payload)
+            .await
+    }
+
+    /// [`Publisher::publish`] with the frame's kind given.
+    pub async fn publish_kind(
+        &mut self,
+        producer_seq: u64,
+        kind: FrameKind,
+        payload: Bytes,
+    ) -> Result<()> {
+        self.check(producer_seq, &payload)?;
         while self.window_full(payload.len()) {
             self.pump().await?;
         }
-        self.last_producer_seq = producer_seq;
-        self.pending_bytes += payload.len();
-        self.pending.push_back((producer_seq, payload));
-        let Self {
-            link,
-            pending,
-            stream,
-            producer,
-            options,
-            ..
-        } = self;
-        let buffered = match (link.connection(), pending.back()) {
-            (Some(conn), Some((seq, payload))) => {
-                conn.queue(&append(stream, producer, options.kind, *seq, payload))?;
-                conn.unwritten()
-            }
-            // Without a session the frame waits in the window and is sent
-            // when one is (re)established.
-            _ => 0,
-        };
+        let buffered = self.enqueue(producer_seq, kind, payload)?;
         if buffered >= WRITE_CHUNK {
             self.send().await?;
         }
         Ok(())
+    }
+
+    /// Queues one frame without waiting, even when the window is full: the
+    /// caller bounds the window by checking [`Publisher::has_room`] before
+    /// producing more. The frame is written by the next
+    /// [`Publisher::progress`], [`Publisher::send`] or [`Publisher::flush`].
+    pub fn push(&mut self, producer_seq: u64, kind: FrameKind, payload: Bytes) -> Result<()> {
+        self.check(producer_seq, &payload)?;
+        self.enqueue(producer_seq, kind, payload)?;
+        Ok(())
+    }
+
+    /// Makes progress and returns: (re)connects and greets if needed,
+    /// writes what is queued, and takes in one answer. Without anything
+    /// to write it waits for the daemon, which notices a lost session (and
+    /// reconnects) even while no frames flow.
+    ///
+    /// Cancel-safe: dropped at any await point, nothing is lost and the
+    /// next call carries on where this one stopped.
+    pub async fn progress(&mut self) -> Result<()> {
+        self.pump().await
     }
 
     /// Writes every queued append now, without waiting for them to be
@@ -192,14 +255,14 @@ impl Publisher {
             match conn.flush_or_recv().await {
                 Ok(None) => break,
                 Ok(Some(response)) => self.absorb(response)?,
-                Err(e) => self.link.lose(e)?,
+                Err(e) => self.lose(e)?,
             }
         }
         while let Some(conn) = self.link.connection() {
             match conn.try_recv() {
                 None => break,
                 Some(Ok(response)) => self.absorb(response)?,
-                Some(Err(e)) => self.link.lose(e)?,
+                Some(Err(e)) => self.lose(e)?,
             }
         }
         Ok(())
@@ -215,30 +278,152 @@ impl Publisher {
         Ok(())
     }
 
-    fn window_full(&self, incoming: usize) -> bool {
-        !self.pending.is_empty()
-            && (self.pending.len() >= self.options.window
-                || self.pending_bytes + incoming > self.options.max_unacked_bytes)
+    /// Waits until every published frame is durable, then sends `request`
+    /// on that same session and returns the answer that `accepts` takes.
+    /// If the session is lost first, it reconnects (greeting again) and
+    /// sends `request` again, so the daemon must treat a repeat as done.
+    /// Not cancel-safe: a dropped call may have sent `request` or not.
+    pub async fn finish(
+        &mut self,
+        request: &Request,
+        accepts: fn(&Response) -> bool,
+    ) -> Result<Response> {
+        loop {
+            self.flush().await?;
+            self.ensure_session().await?;
+            let Some(conn) = self.link.connection() else {
+                continue;
+            };
+            conn.queue(request)?;
+            match await_answer(conn, request.name(), accepts).await {
+                Ok(answer) => return Ok(answer),
+                Err(e) => self.lose(e)?,
+            }
+        }
     }
 
-    /// Makes sure a session is open; on a new one, queues every
-    /// unacknowledged frame again, in order.
-    async fn ensure_session(&mut self) -> Result<()> {
-        if !self.link.establish().await? {
-            return Ok(());
+    fn check(&self, producer_seq: u64, payload: &Bytes) -> Result<()> {
+        if producer_seq <= self.last_producer_seq {
+            return Err(Error::Usage(format!(
+                "producer seq {producer_seq} is not above the previous one, {}",
+                self.last_producer_seq
+            )));
+        }
+        if payload.len() > self.max_payload {
+            return Err(Error::PayloadTooLarge {
+                len: payload.len(),
+                max: self.max_payload,
+            });
+        }
+        Ok(())
+    }
+
+    /// Adds a checked frame to the window and, on a ready session, to the
+    /// write buffer. Returns the bytes now waiting in the write buffer.
+    fn enqueue(&mut self, producer_seq: u64, kind: FrameKind, payload: Bytes) -> Result<usize> {
+        self.last_producer_seq = producer_seq;
+        self.pending_bytes += payload.len();
+        self.pending.push_back(Unacked {
+            producer_seq,
+            kind,
+            payload,
+        });
+        if self.phase != Phase::Ready {
+            // The frame waits in the window and is sent once a session is
+            // (re)established and greeted.
+            return Ok(0);
         }
         let Self {
             link,
             pending,
             stream,
             producer,
-            options,
+            ..
+        } = self;
+        match (link.connection(), pending.back()) {
+            (Some(conn), Some(frame)) => {
+                conn.queue(&append(stream, producer, frame))?;
+                Ok(conn.unwritten())
+            }
+            _ => Ok(0),
+        }
+    }
+
+    fn window_full(&self, incoming: usize) -> bool {
+        !self.pending.is_empty()
+            && (self.pending.len() >= self.options.window
+                || self.pending_bytes + incoming > self.options.max_unacked_bytes)
+    }
+
+    /// Makes sure a ready session is open: connects, greets and, on a new
+    /// session, queues every unacknowledged frame again, in order. Each
+    /// step is recorded in `phase` before the next await, which keeps this
+    /// cancel-safe.
+    async fn ensure_session(&mut self) -> Result<()> {
+        loop {
+            if self.link.establish().await? {
+                self.phase = Phase::Fresh;
+            }
+            match self.phase {
+                Phase::Ready => return Ok(()),
+                Phase::Fresh => match &self.options.greeting {
+                    None => self.become_ready()?,
+                    Some(greeting) => {
+                        let request = greeting.request.clone();
+                        if let Some(conn) = self.link.connection() {
+                            conn.queue(&request)?;
+                            self.phase = Phase::Greeting;
+                        }
+                    }
+                },
+                Phase::Greeting => self.await_greeting().await?,
+            }
+        }
+    }
+
+    /// Writes the queued greeting and waits for its answer.
+    async fn await_greeting(&mut self) -> Result<()> {
+        let Some(greeting) = &self.options.greeting else {
+            return self.become_ready();
+        };
+        let accepts = greeting.accepts;
+        let name = greeting.request.name();
+        let Some(conn) = self.link.connection() else {
+            return Ok(());
+        };
+        match await_answer(conn, name, accepts).await {
+            Ok(_) => {
+                // Being accepted is progress: a daemon that was restarted
+                // is reached again at once the next time.
+                self.link.progressed();
+                self.become_ready()
+            }
+            Err(Error::Daemon { code, message }) if !code.is_transient() => {
+                self.lose(Error::Refused {
+                    request: name,
+                    code,
+                    message,
+                })
+            }
+            Err(e) => self.lose(e),
+        }
+    }
+
+    /// The session may carry appends: queue every unacknowledged frame.
+    fn become_ready(&mut self) -> Result<()> {
+        let Self {
+            link,
+            pending,
+            stream,
+            producer,
             ..
         } = self;
         if let Some(conn) = link.connection() {
-            for (seq, payload) in pending.iter() {
-                conn.queue(&append(stream, producer, options.kind, *seq, payload))?;
+            for frame in pending.iter() {
+                conn.queue(&append(stream, producer, frame))?;
             }
+            self.phase = Phase::Ready;
+            self.sessions += 1;
         }
         Ok(())
     }
@@ -257,7 +442,7 @@ impl Publisher {
         };
         match answer {
             Ok(response) => self.absorb(response),
-            Err(e) => self.link.lose(e),
+            Err(e) => self.lose(e),
         }
     }
 
@@ -274,11 +459,11 @@ impl Publisher {
             )));
         }
         let mut released = false;
-        while let Some((seq, payload)) = self.pending.front() {
-            if *seq > appended.producer_seq {
+        while let Some(frame) = self.pending.front() {
+            if frame.producer_seq > appended.producer_seq {
                 break;
             }
-            self.pending_bytes -= payload.len();
+            self.pending_bytes -= frame.payload.len();
             self.pending.pop_front();
             released = true;
         }
@@ -288,31 +473,62 @@ impl Publisher {
         }
         Ok(())
     }
+
+    /// Records a lost session; the next session starts with the greeting.
+    fn lose(&mut self, cause: Error) -> Result<()> {
+        self.phase = Phase::Fresh;
+        self.link.lose(cause)
+    }
 }
 
-fn append(stream: &str, producer: &str, kind: FrameKind, seq: u64, payload: &Bytes) -> Request {
+/// Writes what is queued and reads answers until one that `accepts` takes.
+/// Late acknowledgements of appends are skipped; anything else is a
+/// protocol violation.
+async fn await_answer(
+    conn: &mut Connection,
+    request: &str,
+    accepts: fn(&Response) -> bool,
+) -> Result<Response> {
+    loop {
+        let response = match conn.flush_or_recv().await? {
+            Some(response) => response,
+            None => conn.recv().await?,
+        };
+        if accepts(&response) {
+            return Ok(response);
+        }
+        if !matches!(response, Response::Appended(_)) {
+            return Err(Error::Protocol(format!(
+                "unexpected {} in answer to {request}",
+                response.name()
+            )));
+        }
+    }
+}
+
+fn append(stream: &str, producer: &str, frame: &Unacked) -> Request {
     Request::Append(Append {
         stream: stream.to_owned(),
         producer: producer.to_owned(),
-        producer_seq: seq,
-        kind,
-        payload: payload.clone(),
+        producer_seq: frame.producer_seq,
+        kind: frame.kind,
+        payload: frame.payload.clone(),
     })
 }
 
 /// The largest payload whose `Append` still fits in one frame, computed
 /// from the encoding of an empty one with the widest producer seq.
-fn max_payload(
-    stream: &str,
-    producer: &str,
-    options: &PublisherOptions,
-    connector: &Connector,
-) -> Result<usize> {
+fn max_payload(stream: &str, producer: &str, connector: &Connector) -> Result<usize> {
     let mut buf = BytesMut::new();
-    let empty = append(stream, producer, options.kind, u64::MAX, &Bytes::new());
-    encode_into(&empty, &mut buf, usize::MAX)?;
+    let empty = Unacked {
+        producer_seq: u64::MAX,
+        kind: FrameKind::Data,
+        payload: Bytes::new(),
+    };
+    encode_into(&append(stream, producer, &empty), &mut buf, usize::MAX)?;
     // The buffer holds the 4-byte length prefix, then the body whose last
-    // byte is the empty payload's length varint.
+    // byte is the empty payload's length varint. Every kind encodes as one
+    // byte, so the kind does not change the overhead.
     let overhead = buf.len().saturating_sub(4 + 1) + MAX_LEN_VARINT;
     let max_frame = connector.options().max_frame_len;
     max_frame.checked_sub(overhead).ok_or_else(|| {
@@ -341,14 +557,12 @@ mod tests {
         let publisher = Publisher::new(connector, "s", "p", PublisherOptions::default()).unwrap();
         let max = publisher.max_payload();
         let mut buf = BytesMut::new();
-        let big = append(
-            "s",
-            "p",
-            FrameKind::Data,
-            u64::MAX,
-            &Bytes::from(vec![b'x'; max]),
-        );
-        encode_into(&big, &mut buf, 4096).unwrap();
+        let big = Unacked {
+            producer_seq: u64::MAX,
+            kind: FrameKind::Stderr,
+            payload: Bytes::from(vec![b'x'; max]),
+        };
+        encode_into(&append("s", "p", &big), &mut buf, 4096).unwrap();
         assert!(max > 4000, "overhead should be small, max payload is {max}");
     }
 

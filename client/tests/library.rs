@@ -14,8 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tether::{
-    ConnectOptions, Connector, Endpoint, Event, Publisher, PublisherOptions, Start,
-    SubscribeOptions, Subscriber,
+    ConnectOptions, Connector, Endpoint, Error, Event, Greeting, Publisher, PublisherOptions,
+    Start, SubscribeOptions, Subscriber,
 };
 use tether_protocol::{
     Appended, Capabilities, Durable, DurableAck, DurableResume, ErrorCode, ErrorFrame, Frame,
@@ -509,4 +509,106 @@ async fn the_final_ack_is_confirmed_on_a_session_of_its_own() {
         requests.lock().unwrap().as_slice(),
         &[Request::DurableAck(DurableAck { through_seq: 3 })]
     );
+}
+
+fn greeted(connector: Connector) -> Publisher {
+    let options = PublisherOptions {
+        greeting: Some(Greeting {
+            request: Request::ListStreams,
+            accepts: |r| matches!(r, Response::Streams(_)),
+        }),
+        ..PublisherOptions::default()
+    };
+    Publisher::new(connector, "s", "p", options).unwrap()
+}
+
+#[tokio::test]
+async fn a_greeting_opens_every_session_and_a_transient_refusal_of_it_is_retried() {
+    let firsts = Requests::default();
+    let store = Arc::new(Mutex::new(Store::default()));
+    let (shared_firsts, shared_store) = (firsts.clone(), store.clone());
+    // Session 0 is shutting down; session 1 stores five appends and drops
+    // before acknowledging the last ones; session 2 works.
+    let fake = Fake::start(script(move |n, mut session| {
+        let firsts = shared_firsts.clone();
+        let store = shared_store.clone();
+        async move {
+            let Some(Ok(first)) = session.next().await else {
+                return;
+            };
+            firsts.lock().unwrap().push(first);
+            if n == 0 {
+                let refusal = Response::Error(ErrorFrame {
+                    code: ErrorCode::SHUTTING_DOWN,
+                    message: "restarting".into(),
+                });
+                let _ = session.send(refusal).await;
+                return;
+            }
+            session.send(Response::Streams(vec![])).await.unwrap();
+            let mut seen = 0;
+            while let Some(Ok(Request::Append(append))) = session.next().await {
+                store
+                    .lock()
+                    .unwrap()
+                    .append(append.producer_seq, append.payload.clone());
+                seen += 1;
+                if n == 1 && seen == 5 {
+                    return;
+                }
+                if n == 1 && seen > 2 {
+                    continue;
+                }
+                let ack = Response::Appended(Appended {
+                    stream: append.stream,
+                    producer: append.producer,
+                    producer_seq: append.producer_seq,
+                    seq: append.producer_seq,
+                });
+                let _ = session.send(ack).await;
+            }
+        }
+    }));
+    let mut publisher = greeted(fake.connector());
+    for i in 1..=20 {
+        publisher
+            .publish(i, Bytes::from(format!("line {i}")))
+            .await
+            .unwrap();
+    }
+    publisher.flush().await.unwrap();
+    assert_eq!(store.lock().unwrap().frames, expected_lines(20));
+    let firsts = firsts.lock().unwrap();
+    assert!(firsts.len() >= 3, "{firsts:?}");
+    assert!(
+        firsts.iter().all(|r| *r == Request::ListStreams),
+        "{firsts:?}"
+    );
+    assert_eq!(publisher.sessions(), firsts.len() as u64 - 1);
+}
+
+#[tokio::test]
+async fn a_permanently_refused_greeting_is_an_error_of_its_own() {
+    let fake = Fake::start(script(|_, mut session| async move {
+        let _ = session.next().await;
+        let refusal = Response::Error(ErrorFrame {
+            code: ErrorCode::NOT_FOUND,
+            message: "no such execution".into(),
+        });
+        let _ = session.send(refusal).await;
+    }));
+    let mut publisher = greeted(fake.connector());
+    let err = publisher.connect().await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Refused {
+                request: "ListStreams",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.exit_code(), 3);
+    assert!(err.to_string().contains("no such execution"), "{err}");
 }

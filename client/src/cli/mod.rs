@@ -1,19 +1,27 @@
 //! The `tether` command line: global flags, one module per command, and
 //! the mapping of errors to exit codes.
 //!
-//! * [`publish`], [`tail`], [`streams`], [`status`]: the commands.
+//! * [`publish`], [`tail`], [`streams`], [`status`], [`run`], [`ps`],
+//!   [`stop`]: the commands.
+//! * [`attach`]: `run --attach`, following an execution until it ends.
 //! * [`lines`]: stdin split into line frames, in large reads.
 //! * [`cursor`]: the `--cursor-file` format and its atomic update.
 //! * [`output`]: how frames are printed (plain and `--json`).
-//! * [`duration`]: `--connect-timeout` values such as `500ms` or `2m`.
+//! * [`table`]: aligned text tables.
+//! * [`duration`]: durations such as `500ms` or `2m`.
 
+pub mod attach;
 pub mod cursor;
 pub mod duration;
 pub mod lines;
 pub mod output;
+pub mod ps;
 pub mod publish;
+pub mod run;
 pub mod status;
+pub mod stop;
 pub mod streams;
+pub mod table;
 pub mod tail;
 
 use std::path::PathBuf;
@@ -21,9 +29,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use tether::error::EXIT_OK;
 use tether::{ConnectOptions, Connector, Endpoint, Error, Result};
 
-/// Talk to a tetherd: publish to streams, tail them, inspect the daemon.
+/// Talk to a tetherd: publish to streams, tail them, run supervised
+/// workers, inspect the daemon.
 #[derive(Debug, Parser)]
 #[command(name = "tether", version, max_term_width = 100)]
 pub struct Cli {
@@ -70,6 +80,12 @@ enum Command {
     Streams,
     /// Show the daemon's status.
     Status,
+    /// Start a supervised worker and print its execution id.
+    Run(run::RunArgs),
+    /// List supervised executions.
+    Ps(ps::PsArgs),
+    /// Stop an execution: SIGTERM, then SIGKILL after the timeout.
+    Stop(stop::StopArgs),
 }
 
 /// What every command needs from the global flags.
@@ -122,15 +138,19 @@ pub fn main() -> ExitCode {
         }
     };
     let outcome = runtime.block_on(async {
+        let done = |result: Result<()>| result.map(|()| EXIT_OK);
         match cli.command {
-            Command::Publish(args) => publish::run(&context, args).await,
-            Command::Tail(args) => tail::run(&context, args).await,
-            Command::Streams => streams::run(&context).await,
-            Command::Status => status::run(&context).await,
+            Command::Publish(args) => done(publish::run(&context, args).await),
+            Command::Tail(args) => done(tail::run(&context, args).await),
+            Command::Streams => done(streams::run(&context).await),
+            Command::Status => done(status::run(&context).await),
+            Command::Run(args) => run::run(&context, args).await,
+            Command::Ps(args) => done(ps::run(&context, args).await),
+            Command::Stop(args) => done(stop::run(&context, args).await),
         }
     });
     match outcome {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => report(&e),
     }
 }

@@ -1,0 +1,272 @@
+//! `tether ps [--all] [ID]...`: supervised executions, one row each.
+//!
+//! Columns: ID, NAME (`-` when none), STATE, PID (of the running worker,
+//! `-` otherwise), RESTARTS, CHECKPOINT (`-`, or the newest checkpoint's
+//! seq and age, `17 (3m ago)`) and LAST-SEQ (the stream's last seq).
+//! Without `--all` only executions that have not ended are listed. Naming
+//! ids lists just those, ended or not; an unknown id exits 3.
+//!
+//! `--json`: one object per execution with the fields `id`, `name`,
+//! `state`, `pid`, `attempt`, `restarts`, `command`, `restart`,
+//! `last_exit` (`{"code":N}`, `{"signal":N}`, `{"spawn_failed":"why"}` or
+//! null), `reason`, `created` (RFC 3339), `stream_last_seq` and
+//! `last_checkpoint` (`{"seq","created"}` or null).
+
+use clap::Args;
+use serde::Serialize;
+use tether::time::{age, now_micros, Rfc3339};
+use tether::{Error, Result};
+use tether_protocol::{ErrorCode, ExecutionInfo, ExitStatus, Request, Response};
+
+use super::{table, write_stdout, Context};
+
+/// Arguments of `tether ps`.
+#[derive(Debug, Args)]
+pub struct PsArgs {
+    /// Also list executions that have ended.
+    #[arg(long)]
+    all: bool,
+
+    /// List only these executions (ended ones included).
+    #[arg(value_name = "ID")]
+    ids: Vec<String>,
+}
+
+/// Runs `tether ps`.
+pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
+    let all = args.all || !args.ids.is_empty();
+    let mut executions = list(ctx, all).await?;
+    executions.sort_by(|a, b| (a.created_micros, &a.id).cmp(&(b.created_micros, &b.id)));
+    let missing: Vec<&String> = args
+        .ids
+        .iter()
+        .filter(|id| !executions.iter().any(|e| &e.id == *id))
+        .collect();
+    if !args.ids.is_empty() {
+        executions.retain(|e| args.ids.contains(&e.id));
+    }
+    let text = if ctx.json {
+        let mut text = String::new();
+        for info in &executions {
+            text.push_str(&json_line(info)?);
+        }
+        text
+    } else if executions.is_empty() && !args.ids.is_empty() {
+        String::new()
+    } else {
+        render(&executions, now_micros())
+    };
+    write_stdout(text.as_bytes())?;
+    match missing.as_slice() {
+        [] => Ok(()),
+        ids => Err(no_such_execution(ids)),
+    }
+}
+
+/// Every execution the daemon lists (`all`: ended ones too).
+pub async fn list(ctx: &Context, all: bool) -> Result<Vec<ExecutionInfo>> {
+    let response = ctx
+        .connector("ps")
+        .request(&Request::ListExecutions { all })
+        .await?;
+    match response {
+        Response::Executions(executions) => Ok(executions),
+        other => Err(Error::Protocol(format!(
+            "the daemon answered ListExecutions with {}",
+            other.name()
+        ))),
+    }
+}
+
+fn no_such_execution(ids: &[&String]) -> Error {
+    let names: Vec<String> = ids.iter().map(|id| format!("{id:?}")).collect();
+    Error::Daemon {
+        code: ErrorCode::NOT_FOUND,
+        message: format!("no such execution: {}", names.join(", ")),
+    }
+}
+
+/// The table, header first.
+fn render(executions: &[ExecutionInfo], now: u64) -> String {
+    let header = [
+        "ID",
+        "NAME",
+        "STATE",
+        "PID",
+        "RESTARTS",
+        "CHECKPOINT",
+        "LAST-SEQ",
+    ];
+    let mut rows = vec![header.map(String::from).to_vec()];
+    for e in executions {
+        let checkpoint = match e.last_checkpoint {
+            Some(c) => format!("{} ({} ago)", c.seq, age(now, c.created_micros)),
+            None => "-".to_owned(),
+        };
+        rows.push(vec![
+            e.id.clone(),
+            e.name.clone().unwrap_or_else(|| "-".to_owned()),
+            e.state.as_str().to_owned(),
+            e.pid.map_or_else(|| "-".to_owned(), |pid| pid.to_string()),
+            e.restarts.to_string(),
+            checkpoint,
+            e.stream_last_seq.to_string(),
+        ]);
+    }
+    table::render(&rows)
+}
+
+#[derive(Serialize)]
+struct JsonExecution<'a> {
+    id: &'a str,
+    name: Option<&'a str>,
+    state: &'static str,
+    pid: Option<u32>,
+    attempt: u32,
+    restarts: u32,
+    command: &'a [String],
+    restart: &'static str,
+    last_exit: Option<JsonExit<'a>>,
+    reason: Option<&'a str>,
+    created: String,
+    stream_last_seq: u64,
+    last_checkpoint: Option<JsonCheckpoint>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum JsonExit<'a> {
+    Code(i32),
+    Signal(i32),
+    SpawnFailed(&'a str),
+}
+
+#[derive(Serialize)]
+struct JsonCheckpoint {
+    seq: u64,
+    created: String,
+}
+
+/// One execution as a JSON line (with its newline).
+pub fn json_line(e: &ExecutionInfo) -> Result<String> {
+    let view = JsonExecution {
+        id: &e.id,
+        name: e.name.as_deref(),
+        state: e.state.as_str(),
+        pid: e.pid,
+        attempt: e.attempt,
+        restarts: e.restarts,
+        command: &e.command,
+        restart: e.restart.as_str(),
+        last_exit: e.last_exit.as_ref().map(|status| match status {
+            ExitStatus::Code(code) => JsonExit::Code(*code),
+            ExitStatus::Signal(signal) => JsonExit::Signal(*signal),
+            ExitStatus::SpawnFailed(reason) => JsonExit::SpawnFailed(reason),
+        }),
+        reason: e.reason.as_deref(),
+        created: Rfc3339(e.created_micros).to_string(),
+        stream_last_seq: e.stream_last_seq,
+        last_checkpoint: e.last_checkpoint.map(|c| JsonCheckpoint {
+            seq: c.seq,
+            created: Rfc3339(c.created_micros).to_string(),
+        }),
+    };
+    let mut line = serde_json::to_string(&view)
+        .map_err(|e| Error::Protocol(format!("cannot render an execution: {e}")))?;
+    line.push('\n');
+    Ok(line)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use tether_protocol::{CheckpointRef, ExecState, RestartPolicy};
+
+    const S: u64 = 1_000_000;
+
+    pub(crate) fn info(id: &str, state: ExecState) -> ExecutionInfo {
+        ExecutionInfo {
+            id: id.into(),
+            name: None,
+            state,
+            pid: None,
+            attempt: 1,
+            restarts: 0,
+            command: vec!["sh".into(), "-c".into(), "echo hi".into()],
+            restart: RestartPolicy::OnFailure,
+            last_exit: None,
+            reason: None,
+            created_micros: 1_700_000_000 * S,
+            stream_last_seq: 0,
+            last_checkpoint: None,
+        }
+    }
+
+    fn sample() -> Vec<ExecutionInfo> {
+        let running = ExecutionInfo {
+            name: Some("agent".into()),
+            pid: Some(4242),
+            attempt: 3,
+            restarts: 2,
+            stream_last_seq: 1234,
+            last_checkpoint: Some(CheckpointRef {
+                seq: 1200,
+                created_micros: 1_700_000_000 * S - 150 * S,
+            }),
+            ..info("agent-abcdef", ExecState::Running)
+        };
+        let failed = ExecutionInfo {
+            last_exit: Some(ExitStatus::Code(78)),
+            reason: Some("exit code 78 is not retried".into()),
+            stream_last_seq: 3,
+            ..info("sh-zzzzzz", ExecState::Failed)
+        };
+        vec![running, failed]
+    }
+
+    #[test]
+    fn the_table_has_the_documented_columns() {
+        assert_eq!(
+            render(&sample(), 1_700_000_000 * S),
+            "ID            NAME   STATE    PID   RESTARTS  CHECKPOINT     LAST-SEQ\n\
+             agent-abcdef  agent  running  4242  2         1200 (2m ago)  1234\n\
+             sh-zzzzzz     -      failed   -     0         -              3\n"
+        );
+    }
+
+    #[test]
+    fn json_has_one_object_per_execution_with_readable_values() {
+        let samples = sample();
+        let line = json_line(&samples[1]).unwrap();
+        assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["id"], "sh-zzzzzz");
+        assert_eq!(value["state"], "failed");
+        assert_eq!(value["restart"], "on-failure");
+        assert_eq!(value["last_exit"]["code"], 78);
+        assert_eq!(value["reason"], "exit code 78 is not retried");
+        assert_eq!(value["created"], "2023-11-14T22:13:20.000000Z");
+        assert!(value["pid"].is_null() && value["last_checkpoint"].is_null());
+        let value: serde_json::Value =
+            serde_json::from_str(&json_line(&samples[0]).unwrap()).unwrap();
+        assert_eq!(value["pid"], 4242);
+        assert_eq!(value["last_checkpoint"]["seq"], 1200);
+        let spawn = ExecutionInfo {
+            last_exit: Some(ExitStatus::SpawnFailed("no such file".into())),
+            ..info("x-aaaaaa", ExecState::Failed)
+        };
+        let value: serde_json::Value = serde_json::from_str(&json_line(&spawn).unwrap()).unwrap();
+        assert_eq!(value["last_exit"]["spawn_failed"], "no such file");
+    }
+
+    #[test]
+    fn unknown_ids_are_not_found() {
+        let a = "a".to_owned();
+        let b = "b c".to_owned();
+        let err = no_such_execution(&[&a, &b]);
+        assert_eq!(err.exit_code(), 3);
+        assert!(err.to_string().contains("\"a\", \"b c\""), "{err}");
+    }
+}
