@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The file name of the shim program looked for next to the daemon.
+pub const SHIM_NAME: &str = "tether-shim";
+
 /// Per-stream retention limits. A frame is deleted when any limit is
 /// exceeded, oldest first, whether or not durable consumers have acked it
 /// (a consumer that falls behind retention gets a gap notice, never a
@@ -36,6 +39,9 @@ pub struct Config {
     /// Connections served at once; one more is refused with an error frame.
     pub max_connections: usize,
     pub retention: Retention,
+    /// The shim program started for every worker attempt; `None` means
+    /// `tether-shim` next to the daemon's own executable.
+    pub shim: Option<PathBuf>,
 }
 
 impl Config {
@@ -47,7 +53,26 @@ impl Config {
             max_frame_len: tether_protocol::DEFAULT_MAX_FRAME_LEN,
             max_connections: 4096,
             retention: Retention::default(),
+            shim: None,
         }
+    }
+
+    /// The shim program: [`Config::shim`], else `tether-shim` in the
+    /// directory of the running executable.
+    pub fn shim_program(&self) -> std::io::Result<PathBuf> {
+        if let Some(shim) = &self.shim {
+            return Ok(shim.clone());
+        }
+        let exe = std::env::current_exe()?;
+        let dir = exe.parent().ok_or_else(|| {
+            std::io::Error::other(format!("executable {} has no directory", exe.display()))
+        })?;
+        Ok(dir.join(SHIM_NAME))
+    }
+
+    /// Where shims' own diagnostics go, one log file per execution.
+    pub fn shim_log_dir(&self) -> PathBuf {
+        self.state_dir.join("shims")
     }
 
     /// The redb file inside the state directory.

@@ -7,6 +7,12 @@
 //! the socket are handed to the queue as one batch. Other requests first let
 //! the pipeline drain, which keeps every answer in order without bookkeeping.
 //!
+//! Supervision requests (`Run`, `ListExecutions`, `Stop`) go to the
+//! supervisor. A `ShimHello` makes the session a shim session for one
+//! attempt of one execution; only such a session may report that attempt's
+//! `WorkerExited`, and because other requests first drain the pipeline, the
+//! exit is recorded only after every output frame sent before it.
+//!
 //! A subscription runs in a pump task of its own that feeds a channel of
 //! capacity [`SUBSCRIPTION_BACKLOG`], so reading from the store never has to
 //! be cancelled by `select!`, and a slow client holds at most that many
@@ -23,8 +29,8 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use tether_protocol::codec::{decode_message, peek_hello_version};
 use tether_protocol::{
     validate_name, Appended, Capabilities, Durable, DurableAck, DurableResume, ErrorCode,
-    ErrorFrame, Hello, HelloOk, Request, Response, ServerCodec, StartAt, StatusInfo, Subscribe,
-    Subscribed, PROTOCOL_VERSION,
+    ErrorFrame, Hello, HelloOk, Request, Response, ServerCodec, ShimHello, StartAt, StatusInfo,
+    Subscribe, Subscribed, WorkerExited, PROTOCOL_VERSION,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -36,12 +42,14 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::queue::{AppendOutcome, Queue};
 use crate::subscription::{SubEvent, Subscription};
+use crate::supervisor::Supervisor;
 use crate::{Config, Error};
 
 /// What every session shares.
 #[derive(Debug)]
 pub struct Shared {
     pub queue: Queue,
+    pub supervisor: Supervisor,
     pub config: Config,
     pub started: Instant,
     /// Sessions currently open (for `tether status`).
@@ -124,6 +132,8 @@ pub async fn run(stream: UnixStream, shared: Arc<Shared>, shutdown: Cancellation
         durable: false,
         subscription: None,
         pending: FuturesOrdered::new(),
+        shim: None,
+        shutdown: shutdown.clone(),
     };
     match session.serve(read_half, &shutdown).await {
         Ok(Ending::ClientLeft) => {}
@@ -152,6 +162,9 @@ struct Session {
     durable: bool,
     subscription: Option<ActiveSubscription>,
     pending: FuturesOrdered<Pending>,
+    /// Set by `ShimHello`: the (execution, attempt) this session's shim runs.
+    shim: Option<(String, u32)>,
+    shutdown: CancellationToken,
 }
 
 impl Session {
@@ -313,19 +326,74 @@ impl Session {
                 let status = self.status();
                 self.send_all(vec![Response::Status(status)]).await
             }
-            Request::Run(_)
-            | Request::ListExecutions { .. }
-            | Request::Stop { .. }
-            | Request::ShimHello(_)
-            | Request::WorkerExited(_) => Err(Refusal::new(
-                ErrorCode::INVALID_REQUEST,
-                "supervised workers are not available in this build",
-            )),
+            Request::Run(spec) => {
+                let execution = self.shared.supervisor.run(spec).await?;
+                self.send_all(vec![Response::Started { execution }]).await
+            }
+            Request::ListExecutions { all } => {
+                let executions = self.shared.supervisor.list(all);
+                self.send_all(vec![Response::Executions(executions)]).await
+            }
+            Request::Stop {
+                execution,
+                timeout_ms,
+            } => self.stop(&execution, timeout_ms).await,
+            Request::ShimHello(hello) => self.shim_hello(hello).await,
+            Request::WorkerExited(exited) => self.worker_exited(exited).await,
             Request::Append(_) | Request::DurableAck(_) => Err(Refusal::new(
                 ErrorCode::INTERNAL,
                 "pipelined request reached the control path",
             )),
         }
+    }
+
+    async fn stop(&mut self, execution: &str, timeout_ms: u64) -> Result<(), Refusal> {
+        let timeout = Duration::from_millis(timeout_ms);
+        let stopped = tokio::select! {
+            // Stopping can take the whole timeout; a daemon shutting down
+            // does not wait for it (the stop is recorded and carried on by
+            // the next daemon).
+            _ = self.shutdown.cancelled() => return Err(Error::ShuttingDown.into()),
+            stopped = self.shared.supervisor.stop(execution, timeout) => stopped?,
+        };
+        self.send_all(vec![Response::Stopped(stopped)]).await
+    }
+
+    async fn shim_hello(&mut self, hello: ShimHello) -> Result<(), Refusal> {
+        if let Some((execution, attempt)) = &self.shim {
+            if *execution != hello.execution || *attempt != hello.attempt {
+                return Err(Refusal::new(
+                    ErrorCode::INVALID_REQUEST,
+                    format!(
+                        "this connection is the shim of attempt {attempt} of {execution}; \
+                         open another connection for another attempt"
+                    ),
+                ));
+            }
+        }
+        let attached = (hello.execution.clone(), hello.attempt);
+        self.shared.supervisor.shim_hello(hello).await?;
+        self.shim = Some(attached);
+        self.send_all(vec![Response::ShimAccepted]).await
+    }
+
+    async fn worker_exited(&mut self, exited: WorkerExited) -> Result<(), Refusal> {
+        let is_its_shim = self
+            .shim
+            .as_ref()
+            .is_some_and(|(e, a)| *e == exited.execution && *a == exited.attempt);
+        if !is_its_shim {
+            return Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                format!(
+                    "WorkerExited for attempt {} of {} needs that attempt's ShimHello first \
+                     on the same connection",
+                    exited.attempt, exited.execution
+                ),
+            ));
+        }
+        self.shared.supervisor.worker_exited(exited).await?;
+        self.send_all(vec![Response::ExitRecorded]).await
     }
 
     async fn open_subscription(&mut self, req: Subscribe) -> Result<(), Refusal> {
@@ -470,7 +538,7 @@ impl Session {
             state_dir: shared.config.state_dir.display().to_string(),
             store_bytes: shared.queue.store_bytes(),
             streams: shared.queue.stream_count(),
-            executions: 0,
+            executions: shared.supervisor.count(),
             connections: shared.connections.load(Ordering::Relaxed),
         }
     }

@@ -28,6 +28,19 @@ pub enum Error {
     #[error("no such stream {0:?}")]
     StreamNotFound(String),
 
+    /// No execution by that id.
+    #[error("no such execution {0:?}")]
+    ExecutionNotFound(String),
+
+    /// A state change the execution state machine does not allow. It is
+    /// refused (never applied): it means the daemon has a bug.
+    #[error("illegal transition of execution {execution}: {from} -> {to}")]
+    IllegalTransition {
+        execution: String,
+        from: &'static str,
+        to: &'static str,
+    },
+
     /// A well-formed request that cannot be carried out as asked.
     #[error("{0}")]
     InvalidRequest(String),
@@ -71,7 +84,8 @@ impl Error {
         match self {
             Error::DiskFull { .. } => ErrorCode::STORAGE_FULL,
             Error::Storage(_) | Error::CorruptStore { .. } | Error::Io { .. } => ErrorCode::STORAGE,
-            Error::StreamNotFound(_) => ErrorCode::NOT_FOUND,
+            Error::StreamNotFound(_) | Error::ExecutionNotFound(_) => ErrorCode::NOT_FOUND,
+            Error::IllegalTransition { .. } => ErrorCode::INTERNAL,
             Error::InvalidRequest(_) => ErrorCode::INVALID_REQUEST,
             Error::ShuttingDown => ErrorCode::SHUTTING_DOWN,
             Error::Protocol(tether_protocol::Error::FrameTooLarge { .. }) => {

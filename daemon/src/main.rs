@@ -8,7 +8,8 @@ use std::time::Duration;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-/// The tether daemon: durable, sequence-numbered streams over a unix socket.
+/// The tether daemon: durable, sequence-numbered streams over a unix socket,
+/// and supervised workers whose output becomes streams.
 #[derive(Debug, Parser)]
 #[command(name = "tetherd", version, about)]
 struct Args {
@@ -22,6 +23,11 @@ struct Args {
     /// $STATE_DIRECTORY, /var/lib/tether for root, $XDG_STATE_HOME/tether]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+
+    /// The shim program started for each worker attempt [default:
+    /// tether-shim next to tetherd]
+    #[arg(long, value_name = "PATH", env = "TETHER_SHIM")]
+    shim: Option<PathBuf>,
 
     /// Largest accepted message in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = tether_protocol::DEFAULT_MAX_FRAME_LEN)]
@@ -92,6 +98,7 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
     let mut config = tetherd::Config::new(socket, state_dir);
     config.max_frame_len = args.max_frame_len;
     config.max_connections = args.max_connections.max(1);
+    config.shim = args.shim;
     let limit = |v: u64| (v > 0).then_some(v);
     if let Some(n) = args.retention_max_frames {
         config.retention.max_frames = limit(n);

@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tether_protocol::{validate_name, Append, Frame, StreamInfo};
+use bytes::Bytes;
+use tether_protocol::{validate_name, Append, Frame, FrameKind, StreamInfo};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Retention;
@@ -152,6 +153,34 @@ impl Queue {
             return Ok(Vec::new());
         }
         self.call(Request::Append(appends), Reply::Append).await
+    }
+
+    /// Writes an execution's encoded manifest and appends `events` (kind
+    /// [`FrameKind::Event`]) to the stream named after the execution, all in
+    /// one transaction, so that the stream always tells the story the
+    /// manifest is in. Resolves after the commit with the stream's last seq
+    /// (0 when the stream does not exist and no event created it).
+    pub async fn record_execution(
+        &self,
+        execution: &str,
+        manifest: Vec<u8>,
+        events: Vec<Bytes>,
+    ) -> Result<u64> {
+        let request = Request::Record {
+            execution: execution.to_owned(),
+            manifest,
+            events,
+        };
+        self.call(request, Reply::Record).await
+    }
+
+    /// Every stored execution manifest as (execution id, encoded manifest).
+    pub async fn load_executions(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        self.inner.check_open()?;
+        let store = self.inner.store.clone();
+        tokio::task::spawn_blocking(move || store.load_executions())
+            .await
+            .map_err(|e| Error::Storage(format!("store read task failed: {e}")))?
     }
 
     /// Creates the durable consumer if absent, with nothing acked (its ack is
@@ -370,6 +399,11 @@ enum Request {
         consumer: String,
         through_seq: u64,
     },
+    Record {
+        execution: String,
+        manifest: Vec<u8>,
+        events: Vec<Bytes>,
+    },
     Compact,
 }
 
@@ -381,6 +415,12 @@ impl Request {
                 (appends.len(), appends.iter().map(|a| a.payload.len()).sum())
             }
             Request::OpenConsumer { .. } | Request::Ack { .. } => (1, 0),
+            Request::Record {
+                manifest, events, ..
+            } => (
+                events.len() + 1,
+                manifest.len() + events.iter().map(Bytes::len).sum::<usize>(),
+            ),
             Request::Compact => (0, 0),
         }
     }
@@ -391,6 +431,7 @@ enum Reply {
     Append(oneshot::Sender<Result<Vec<AppendOutcome>>>),
     OpenConsumer(oneshot::Sender<Result<u64>>),
     Ack(oneshot::Sender<Result<()>>),
+    Record(oneshot::Sender<Result<u64>>),
     Compact(oneshot::Sender<Result<()>>),
 }
 
@@ -398,6 +439,8 @@ enum Reply {
 enum Outcome {
     Appended(Vec<AppendOutcome>),
     Consumer(u64),
+    /// An execution was recorded; the stream's last seq.
+    Recorded(u64),
     /// An ack or a compaction finished.
     Done,
 }
@@ -413,6 +456,9 @@ impl Reply {
             (Reply::OpenConsumer(tx), Ok(Outcome::Consumer(a))) => {
                 let _ = tx.send(Ok(a));
             }
+            (Reply::Record(tx), Ok(Outcome::Recorded(seq))) => {
+                let _ = tx.send(Ok(seq));
+            }
             (Reply::Ack(tx) | Reply::Compact(tx), Ok(Outcome::Done)) => {
                 let _ = tx.send(Ok(()));
             }
@@ -427,7 +473,7 @@ impl Reply {
         // Ignored for the reason given in `send`.
         let _ = match self {
             Reply::Append(tx) => tx.send(Err(e)).is_ok(),
-            Reply::OpenConsumer(tx) => tx.send(Err(e)).is_ok(),
+            Reply::OpenConsumer(tx) | Reply::Record(tx) => tx.send(Err(e)).is_ok(),
             Reply::Ack(tx) | Reply::Compact(tx) => tx.send(Err(e)).is_ok(),
         };
     }
@@ -778,6 +824,11 @@ impl Writer {
                 consumer,
                 through_seq,
             } => self.apply_ack(txn, stream, consumer, *through_seq),
+            Request::Record {
+                execution,
+                manifest,
+                events,
+            } => self.apply_record(txn, execution, manifest, events, ts, staged),
             // Separated out by `process`; never part of a transaction.
             Request::Compact => Ok(Ok(Outcome::Done)),
         }
@@ -815,19 +866,12 @@ impl Writer {
                     continue;
                 }
             }
-            let seq = stream.meta.last_seq + 1;
             let frame = Frame {
                 ts_micros: ts,
                 kind: a.kind,
                 payload: a.payload.clone(),
             };
-            txn.put_frame(stream.meta.id, seq, &frame)?;
-            if stream.meta.frames == 0 {
-                stream.oldest_ts = Some(ts);
-            }
-            stream.meta.last_seq = seq;
-            stream.meta.frames += 1;
-            stream.meta.bytes += a.payload.len() as u64;
+            let seq = put_new_frame(txn, &a.stream, stream, frame, staged)?;
             stream.producers.insert(
                 a.producer.clone(),
                 ProducerState {
@@ -838,15 +882,43 @@ impl Writer {
             staged
                 .producers
                 .insert((a.stream.clone(), a.producer.clone()));
-            staged
-                .streams
-                .entry(a.stream.clone())
-                .or_default()
-                .push((seq, frame));
             outcome.seq = seq;
             outcomes.push(outcome);
         }
         Ok(Ok(Outcome::Appended(outcomes)))
+    }
+
+    /// Stores a manifest and appends its lifecycle events. The daemon is
+    /// their only producer and writes them once, so they carry no dedupe
+    /// state.
+    fn apply_record(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        execution: &str,
+        manifest: &[u8],
+        events: &[Bytes],
+        ts: u64,
+        staged: &mut Staged,
+    ) -> Result<Result<Outcome>> {
+        if let Err(e) = validate_name("stream", execution) {
+            return Ok(Err(e.into()));
+        }
+        txn.put_execution(execution, manifest)?;
+        for payload in events {
+            let stream = self.stream_or_create(execution, ts, staged);
+            let frame = Frame {
+                ts_micros: ts,
+                kind: FrameKind::Event,
+                payload: payload.clone(),
+            };
+            put_new_frame(txn, execution, stream, frame, staged)?;
+        }
+        let last_seq = self
+            .state
+            .streams
+            .get(execution)
+            .map_or(0, |s| s.meta.last_seq);
+        Ok(Ok(Outcome::Recorded(last_seq)))
     }
 
     fn stream_or_create(&mut self, name: &str, ts: u64, staged: &mut Staged) -> &mut StreamState {
@@ -1103,6 +1175,31 @@ impl Writer {
             cutoff,
         }))
     }
+}
+
+/// Stores `frame` as the next seq of `stream` (named `name`), updates the
+/// cached metadata and stages the frame for publication after the commit.
+fn put_new_frame(
+    txn: &mut WriteTxn<'_>,
+    name: &str,
+    stream: &mut StreamState,
+    frame: Frame,
+    staged: &mut Staged,
+) -> Result<u64> {
+    let seq = stream.meta.last_seq + 1;
+    txn.put_frame(stream.meta.id, seq, &frame)?;
+    if stream.meta.frames == 0 {
+        stream.oldest_ts = Some(frame.ts_micros);
+    }
+    stream.meta.last_seq = seq;
+    stream.meta.frames += 1;
+    stream.meta.bytes += frame.payload.len() as u64;
+    staged
+        .streams
+        .entry(name.to_owned())
+        .or_default()
+        .push((seq, frame));
+    Ok(seq)
 }
 
 /// One compaction batch: delete from `meta.first_seq`, no further than

@@ -14,10 +14,14 @@
 //! | `producers` | (stream id, producer) | (newest producer_seq, its stream seq) |
 //! | `consumers` | (stream id, consumer) | acked_through |
 //! | `meta` | key | u64 (schema version, next stream id) |
+//! | `executions` | execution id | encoded manifest (the supervisor's format) |
 //!
 //! A stream's metadata, its frames, its producers' dedupe state and its
 //! consumers' acks change in the same write transaction, so after any crash
-//! they agree with each other.
+//! they agree with each other. An execution's manifest is written in the
+//! same transaction as the lifecycle frames that announce its change, for
+//! the same reason. The store keeps manifests as opaque bytes: their layout
+//! belongs to the supervisor.
 //!
 //! Frames are encoded and decoded only by [`encode_frame`] and the private
 //! readers here, so the key layout (one row per frame today) can later change
@@ -60,6 +64,7 @@ const FRAMES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("fra
 const PRODUCERS: TableDefinition<'_, (u64, &str), (u64, u64)> = TableDefinition::new("producers");
 const CONSUMERS: TableDefinition<'_, (u64, &str), u64> = TableDefinition::new("consumers");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+const EXECUTIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("executions");
 
 const META_SCHEMA_VERSION: &str = "schema_version";
 const META_NEXT_STREAM_ID: &str = "next_stream_id";
@@ -206,6 +211,9 @@ impl Store {
             txn.open_table(FRAMES).map_err(storage)?;
             txn.open_table(PRODUCERS).map_err(storage)?;
             txn.open_table(CONSUMERS).map_err(storage)?;
+            // Added after version 1 without a version bump: a version 1
+            // file simply gets the empty table, and older builds ignore it.
+            txn.open_table(EXECUTIONS).map_err(storage)?;
             let mut meta = txn.open_table(META).map_err(storage)?;
             let version = meta
                 .get(META_SCHEMA_VERSION)
@@ -450,6 +458,28 @@ impl Store {
             .map_err(|e| corrupt_frame(&format!("#{stream_id}"), seq, &e))
     }
 
+    /// Every execution manifest, as (execution id, encoded manifest), in id
+    /// order.
+    pub fn load_executions(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        self.reading(|| self.load_executions_once())
+    }
+
+    fn load_executions_once(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let guard = self.handle()?;
+        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+        let mut out = Vec::new();
+        for item in txn
+            .open_table(EXECUTIONS)
+            .map_err(|e| self.fail(e))?
+            .iter()
+            .map_err(|e| self.fail(e))?
+        {
+            let (id, value) = item.map_err(|e| self.fail(e))?;
+            out.push((id.value().to_owned(), value.value().to_vec()));
+        }
+        Ok(out)
+    }
+
     /// One row per stream, with its consumers, in name order.
     pub fn list_streams(&self) -> Result<Vec<StreamInfo>> {
         self.reading(|| self.list_streams_once())
@@ -499,6 +529,7 @@ pub struct WriteTxn<'t> {
     producers: Table<'t, (u64, &'static str), (u64, u64)>,
     consumers: Table<'t, (u64, &'static str), u64>,
     meta: Table<'t, &'static str, u64>,
+    executions: Table<'t, &'static str, &'static [u8]>,
     /// Reused encoding buffer, so that appending a frame does not allocate.
     scratch: Vec<u8>,
 }
@@ -554,6 +585,14 @@ impl WriteTxn<'_> {
     ) -> Result<()> {
         self.consumers
             .insert((stream_id, consumer), acked_through)
+            .map(drop)
+            .map_err(storage)
+    }
+
+    /// Stores an execution's encoded manifest.
+    pub fn put_execution(&mut self, id: &str, manifest: &[u8]) -> Result<()> {
+        self.executions
+            .insert(id, manifest)
             .map(drop)
             .map_err(storage)
     }
@@ -628,6 +667,7 @@ fn write_in<T>(db: &Database, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) ->
             producers: txn.open_table(PRODUCERS).map_err(storage)?,
             consumers: txn.open_table(CONSUMERS).map_err(storage)?,
             meta: txn.open_table(META).map_err(storage)?,
+            executions: txn.open_table(EXECUTIONS).map_err(storage)?,
             scratch: Vec::new(),
         };
         f(&mut tables)

@@ -1,0 +1,455 @@
+//! Attempts: a run is recorded, each attempt's shim is started and
+//! watched, the shim attaches and reports the worker's exit, and the
+//! restart policy decides what follows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tether_protocol::{ExecState, ExitStatus, RunSpec, ShimHello, ShimSpec, WorkerExited};
+use tokio::sync::OwnedMutexGuard;
+
+use super::manifest::{self, display_command, Manifest};
+use super::policy::{self, Decision, Ending, Limits};
+use super::procfs::{self, Pidfd, ProcessId};
+use super::{
+    new_slot, now_micros, state, sweep_session, terminate_worker, Change, Execution, Inner, Slot,
+    ID_TRIES,
+};
+use crate::{Error, Result};
+
+impl Inner {
+    // -- run ----------------------------------------------------------------
+
+    pub(super) async fn run(self: Arc<Self>, spec: RunSpec) -> Result<String> {
+        manifest::validate_spec(&spec)?;
+        let now = now_micros();
+        let (id, slot, mut exec) = self.reserve_id(&spec, now)?;
+        let mut change = Change::of(&exec.manifest);
+        change.note(submitted_event(&spec));
+        if let Err(e) = self.commit(&slot, &mut exec, change).await {
+            self.slots().remove(&id);
+            return Err(e);
+        }
+        drop(exec);
+        let inner = self.clone();
+        let started = id.clone();
+        self.tasks.spawn(async move {
+            if let Err(e) = inner.start_next(&started).await {
+                tracing::error!(execution = %started, "cannot start the first attempt: {e}");
+            }
+        });
+        Ok(id)
+    }
+
+    /// Picks an unused id and reserves it with a pending, not yet committed
+    /// slot, returned locked: nobody sees it before its first commit.
+    fn reserve_id(
+        &self,
+        spec: &RunSpec,
+        now: u64,
+    ) -> Result<(String, Arc<Slot>, OwnedMutexGuard<Execution>)> {
+        let mut slots = self.slots();
+        for _ in 0..ID_TRIES {
+            let id = manifest::new_id(spec, policy::random());
+            if slots.contains_key(&id) || self.queue.stream_range(&id).is_some() {
+                continue;
+            }
+            let manifest =
+                Manifest::new(id.clone(), spec.clone(), now, self.settings.boot_id.clone());
+            let slot = new_slot(manifest, false, None, None);
+            let guard =
+                slot.exec.clone().try_lock_owned().map_err(|_| {
+                    Error::Storage("internal error: a new execution was locked".into())
+                })?;
+            slots.insert(id.clone(), slot.clone());
+            return Ok((id, slot, guard));
+        }
+        Err(Error::Storage(format!(
+            "could not find an unused execution id in {ID_TRIES} tries"
+        )))
+    }
+
+    // -- attempts ------------------------------------------------------------
+
+    /// Starts the next attempt of a `pending` execution.
+    pub(super) async fn start_next(self: &Arc<Self>, id: &str) -> Result<()> {
+        let slot = self.slot(id)?;
+        let mut exec = slot.exec.lock().await;
+        if exec.manifest.state != ExecState::Pending {
+            return Ok(());
+        }
+        let mut change = Change::of(&exec.manifest);
+        change.begin_attempt()?;
+        self.commit(&slot, &mut exec, change).await?;
+        self.launch(&slot, &mut exec).await
+    }
+
+    /// Starts the shim of the attempt just committed as `starting`, and
+    /// records its identity.
+    async fn launch(self: &Arc<Self>, slot: &Arc<Slot>, exec: &mut Execution) -> Result<()> {
+        let m = &exec.manifest;
+        let spec = ShimSpec {
+            execution: m.id.clone(),
+            attempt: m.attempt,
+            socket: self.settings.socket.display().to_string(),
+            command: m.spec.command.clone(),
+            cwd: m.spec.cwd.clone(),
+            env: m.spec.env.clone(),
+            // Checkpoints are not kept yet, so no attempt resumes from one.
+            resumed: false,
+            max_line: self.settings.max_line,
+        };
+        let (id, attempt) = (m.id.clone(), m.attempt);
+        let mut child = match self.settings.launcher.start(&spec).await {
+            Ok(child) => child,
+            // The shim program is missing or broken: another attempt would
+            // fail the same way, so this is not retried.
+            Err(e) => return self.fail_launch(slot, exec, e.to_string()).await,
+        };
+        let pid = child.id();
+        // The child is not reaped before its watcher reaps it, so its pid
+        // cannot have been reused: this pidfd and start time are the shim's.
+        let watched = Pidfd::open(pid).and_then(|fd| Ok((fd, procfs::identify(pid)?)));
+        let (pidfd, identity) = match watched {
+            Ok((fd, identity)) => (Arc::new(fd), identity),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let reason = format!("cannot watch shim pid {pid}: {e}");
+                return self.fail_launch(slot, exec, reason).await;
+            }
+        };
+        self.watch_shim(id.clone(), attempt, pidfd.clone(), Some(child));
+        exec.shim = Some(pidfd);
+        let mut change = Change::of(&exec.manifest);
+        change.next.boot_id = self.settings.boot_id.clone();
+        change.next.shim = Some(identity);
+        if let Err(e) = self.commit(slot, exec, change).await {
+            // An unrecorded shim could not be recognised after a restart:
+            // end it now; its watcher then handles the attempt as lost.
+            tracing::error!(execution = %id, "cannot record shim pid {pid}: {e}; killing it");
+            sweep_session(identity, true);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Ends an attempt whose shim could not be started, as `failed`.
+    async fn fail_launch(&self, slot: &Slot, exec: &mut Execution, reason: String) -> Result<()> {
+        let mut change = Change::of(&exec.manifest);
+        change.go(ExecState::Failed, format!("failed: {reason}"))?;
+        change.next.reason = Some(reason);
+        self.commit(slot, exec, change).await
+    }
+
+    /// Waits (in the background) for a shim to exit, reaps it when it is
+    /// our child, and reports its exit.
+    pub(super) fn watch_shim(
+        self: &Arc<Self>,
+        id: String,
+        attempt: u32,
+        pidfd: Arc<Pidfd>,
+        mut child: Option<std::process::Child>,
+    ) {
+        let weak = Arc::downgrade(self);
+        let shutdown = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                () = pidfd.exited() => {}
+            }
+            if let Some(child) = &mut child {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        tracing::debug!(execution = %id, "shim pid {} exited: {status}", pidfd.pid())
+                    }
+                    Ok(None) => tracing::warn!(execution = %id, "shim pid {} not reapable yet", pidfd.pid()),
+                    Err(e) => tracing::warn!(execution = %id, "reaping shim pid {}: {e}", pidfd.pid()),
+                }
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            let pid = pidfd.pid();
+            let what = format!("handling the exit of shim pid {pid} of {id}");
+            inner
+                .clone()
+                .persist(&what, || inner.shim_exited(&id, attempt, pid))
+                .await;
+        });
+    }
+
+    /// A shim exited. Without a recorded worker exit for its attempt, the
+    /// attempt is lost.
+    async fn shim_exited(self: &Arc<Self>, id: &str, attempt: u32, shim_pid: u32) -> Result<()> {
+        let slot = self.slot(id)?;
+        let mut exec = slot.exec.lock().await;
+        let m = &exec.manifest;
+        let current = m.attempt == attempt
+            && state::has_shim(m.state)
+            && m.shim.is_none_or(|s| s.pid == shim_pid);
+        if !current {
+            // Its attempt already ended the regular way.
+            return Ok(());
+        }
+        exec.shim = None;
+        // A worker left behind by a dead shim would run unsupervised next
+        // to the next attempt.
+        if let Some(worker) = exec.worker.take() {
+            if let Err(e) = worker.signal_group(libc::SIGKILL) {
+                tracing::warn!(execution = %id, "cannot kill orphaned worker pid {}: {e}", worker.pid());
+            }
+        }
+        if let Some(shim) = exec.manifest.shim {
+            sweep_session(shim, false);
+        }
+        let reason = format!("shim pid {shim_pid} is gone");
+        self.end_attempt(&slot, &mut exec, Ending::Lost, reason)
+            .await
+    }
+
+    /// Ends the current attempt as `ending` and applies the restart policy
+    /// (or the pending stop), in one commit; then starts what follows.
+    pub(super) async fn end_attempt(
+        self: &Arc<Self>,
+        slot: &Arc<Slot>,
+        exec: &mut Execution,
+        ending: Ending<'_>,
+        lost_reason: String,
+    ) -> Result<()> {
+        let m = &exec.manifest;
+        let mut change = Change::of(m);
+        let now = now_micros();
+        change.next.last_exit = match ending {
+            Ending::Exited(status) => Some(status.clone()),
+            Ending::Lost => None,
+        };
+        if m.state == ExecState::Starting
+            && matches!(
+                ending,
+                Ending::Exited(ExitStatus::Code(_) | ExitStatus::Signal(_))
+            )
+        {
+            // The exit overtook the shim's report of the start (only after
+            // a daemon restart at just that moment): it did start.
+            change.go(ExecState::Running, "started")?;
+        }
+        if exec.manifest.stop.is_some() {
+            change.note(exit_event(ending, &lost_reason));
+            change.go(ExecState::Cancelled, "cancelled")?;
+            change.next.reason = Some("stopped on request".into());
+            return self.commit(slot, exec, change).await;
+        }
+        let limits = Limits::of(&m.spec, m.submitted_micros);
+        let decision = policy::decide(&limits, m.restarts, now, ending, policy::jitter());
+        // The attempt's own end: failed, lost, or (exit 0) no state of its own.
+        match ending {
+            Ending::Lost => change.go(ExecState::Lost, format!("lost: {lost_reason}"))?,
+            Ending::Exited(ExitStatus::Code(0)) => change.note("exited 0"),
+            Ending::Exited(ExitStatus::SpawnFailed(_)) => {}
+            Ending::Exited(_) => change.go(ExecState::Failed, exit_event(ending, &lost_reason))?,
+        }
+        match decision {
+            Decision::End { state, reason } => {
+                let event = match (&reason, state) {
+                    (_, ExecState::Completed) => "completed".to_owned(),
+                    (_, ExecState::Lost) => String::new(),
+                    (Some(r), _) => format!("failed: {r}"),
+                    (None, _) => "failed".to_owned(),
+                };
+                if state == change.next.state {
+                    if !event.is_empty() {
+                        change.note(event);
+                    }
+                } else {
+                    change.go(state, event)?;
+                }
+                change.next.reason = match state {
+                    ExecState::Lost => Some(lost_reason),
+                    _ => reason,
+                };
+                self.commit(slot, exec, change).await
+            }
+            Decision::Restart { delay } if delay.is_zero() => {
+                change.note(format!(
+                    "restarting at once (attempt {})",
+                    change.next.attempt.saturating_add(1)
+                ));
+                change.begin_attempt()?;
+                self.commit(slot, exec, change).await?;
+                exec.shim = None;
+                exec.worker = None;
+                self.launch(slot, exec).await
+            }
+            Decision::Restart { delay } => {
+                let at = now.saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX));
+                change.go(
+                    ExecState::Backoff,
+                    format!(
+                        "restarting in {} (attempt {})",
+                        policy::human(delay),
+                        change.next.attempt.saturating_add(1)
+                    ),
+                )?;
+                change.next.next_attempt_micros = Some(at);
+                change.next.shim = None;
+                change.next.worker = None;
+                self.commit(slot, exec, change).await?;
+                exec.shim = None;
+                exec.worker = None;
+                self.arm_backoff(exec, at);
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts the next attempt of `exec` at `at_micros`.
+    pub(super) fn arm_backoff(self: &Arc<Self>, exec: &mut Execution, at_micros: u64) {
+        let (id, attempt) = (exec.manifest.id.clone(), exec.manifest.attempt);
+        let what = format!("starting attempt {} of {id}", attempt.saturating_add(1));
+        exec.timer = Some(self.timer(what, at_micros, move |inner| {
+            let id = id.clone();
+            async move { inner.backoff_due(&id, attempt).await }
+        }));
+    }
+
+    async fn backoff_due(self: Arc<Self>, id: &str, attempt: u32) -> Result<()> {
+        let slot = self.slot(id)?;
+        let mut exec = slot.exec.lock().await;
+        let m = &exec.manifest;
+        if m.state != ExecState::Backoff || m.attempt != attempt {
+            return Ok(());
+        }
+        let mut change = Change::of(m);
+        if !Limits::of(&m.spec, m.submitted_micros).before_deadline(now_micros()) {
+            change.go(ExecState::Failed, "failed: deadline")?;
+            change.next.reason = Some("deadline".into());
+            change.next.next_attempt_micros = None;
+            return self.commit(&slot, &mut exec, change).await;
+        }
+        change.begin_attempt()?;
+        self.commit(&slot, &mut exec, change).await?;
+        self.launch(&slot, &mut exec).await
+    }
+
+    // -- shims ---------------------------------------------------------------
+
+    pub(super) async fn shim_hello(self: Arc<Self>, hello: &ShimHello) -> Result<()> {
+        let slot = self.slot(&hello.execution)?;
+        let mut exec = slot.exec.lock().await;
+        let m = &exec.manifest;
+        let id = &hello.execution;
+        if state::is_final(m.state) {
+            return Err(Error::InvalidRequest(format!(
+                "execution {id} has ended ({})",
+                m.state.as_str()
+            )));
+        }
+        if m.attempt != hello.attempt || !state::has_shim(m.state) {
+            return Err(Error::InvalidRequest(format!(
+                "attempt {} of execution {id} has ended; the execution is {} at attempt {}",
+                hello.attempt,
+                m.state.as_str(),
+                m.attempt
+            )));
+        }
+        if hello.boot_id != self.settings.boot_id {
+            return Err(Error::InvalidRequest(format!(
+                "the shim reports boot {}, but this is boot {}",
+                hello.boot_id, self.settings.boot_id
+            )));
+        }
+        let claimed = ProcessId {
+            pid: hello.shim_pid,
+            start_ticks: hello.shim_start_ticks,
+        };
+        if m.shim != Some(claimed) {
+            return Err(Error::InvalidRequest(format!(
+                "shim pid {} is not the shim started for attempt {} of execution {id}",
+                hello.shim_pid, hello.attempt
+            )));
+        }
+        let Some(worker_pid) = hello.worker_pid else {
+            // The worker could not be started; its WorkerExited follows.
+            tracing::info!(execution = %id, "shim pid {} attached (no worker)", hello.shim_pid);
+            return Ok(());
+        };
+        let worker = ProcessId {
+            pid: worker_pid,
+            start_ticks: hello.worker_start_ticks,
+        };
+        if exec.worker.as_ref().is_none_or(|w| w.pid() != worker_pid) {
+            exec.worker = match Pidfd::open_verified(worker) {
+                Ok(pidfd) => pidfd.map(Arc::new),
+                Err(e) => {
+                    tracing::warn!(execution = %id, "cannot open a pidfd for worker pid {worker_pid}: {e}");
+                    None
+                }
+            };
+        }
+        if exec.manifest.state == ExecState::Starting {
+            let mut change = Change::of(&exec.manifest);
+            change.go(ExecState::Running, format!("started pid {worker_pid}"))?;
+            change.next.worker = Some(worker);
+            self.commit(&slot, &mut exec, change).await?;
+            if exec.manifest.stop.is_some() {
+                // Stopped while starting: the worker exists only now.
+                terminate_worker(&exec, libc::SIGTERM);
+            }
+        } else {
+            tracing::info!(execution = %id, "shim pid {} reattached (worker pid {worker_pid})", hello.shim_pid);
+        }
+        Ok(())
+    }
+
+    pub(super) async fn worker_exited(self: Arc<Self>, exited: &WorkerExited) -> Result<()> {
+        let slot = self.slot(&exited.execution)?;
+        let mut exec = slot.exec.lock().await;
+        let m = &exec.manifest;
+        if m.attempt != exited.attempt || !state::has_shim(m.state) {
+            tracing::debug!(
+                execution = %exited.execution,
+                "exit of attempt {} already recorded",
+                exited.attempt
+            );
+            return Ok(());
+        }
+        exec.worker = None;
+        self.end_attempt(
+            &slot,
+            &mut exec,
+            Ending::Exited(&exited.status),
+            String::new(),
+        )
+        .await
+    }
+}
+
+/// The event naming how an attempt ended.
+fn exit_event(ending: Ending<'_>, lost_reason: &str) -> String {
+    match ending {
+        Ending::Exited(ExitStatus::Code(code)) => format!("exited {code}"),
+        Ending::Exited(ExitStatus::Signal(signal)) => format!("killed by signal {signal}"),
+        Ending::Exited(ExitStatus::SpawnFailed(why)) => {
+            format!("the worker could not be started: {why}")
+        }
+        Ending::Lost => format!("lost: {lost_reason}"),
+    }
+}
+
+fn submitted_event(spec: &RunSpec) -> String {
+    let mut event = format!(
+        "submitted: {} (restart {}",
+        display_command(&spec.command),
+        spec.restart.as_str()
+    );
+    if let Some(max) = spec.max_restarts {
+        event.push_str(&format!(", at most {max} restarts"));
+    }
+    if let Some(ms) = spec.deadline_ms {
+        event.push_str(&format!(
+            ", deadline {}",
+            policy::human(Duration::from_millis(ms))
+        ));
+    }
+    event.push(')');
+    event
+}
