@@ -340,6 +340,14 @@ impl Session {
             } => self.stop(&execution, timeout_ms).await,
             Request::ShimHello(hello) => self.shim_hello(hello).await,
             Request::WorkerExited(exited) => self.worker_exited(exited).await,
+            Request::CheckpointSave(_)
+            | Request::CheckpointLoad { .. }
+            | Request::CheckpointList { .. }
+            | Request::StepGet { .. }
+            | Request::StepPut { .. } => Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                "checkpoints are not available in this build",
+            )),
             Request::Append(_) | Request::DurableAck(_) => Err(Refusal::new(
                 ErrorCode::INTERNAL,
                 "pipelined request reached the control path",

@@ -121,6 +121,26 @@ pub enum Request {
     /// frame of it has been acknowledged. Answered with
     /// [`Response::ExitRecorded`] once durable; the shim may then exit.
     WorkerExited(WorkerExited),
+    /// Store `data` as the execution's newest checkpoint. Answered with
+    /// [`Response::CheckpointSaved`] once durable.
+    CheckpointSave(CheckpointSave),
+    /// Ask for the execution's newest valid checkpoint. Answered with
+    /// [`Response::Checkpoint`], or `Error` NOT_FOUND when there is none.
+    CheckpointLoad { execution: String },
+    /// Ask for the checkpoints kept for an execution, newest first.
+    /// Answered with [`Response::Checkpoints`].
+    CheckpointList { execution: String },
+    /// Ask for the recorded result of durable step `step` of the execution.
+    /// Answered with [`Response::StepResult`].
+    StepGet { execution: String, step: String },
+    /// Record the result of durable step `step`. Answered with
+    /// [`Response::StepRecorded`] once durable. A step already recorded
+    /// keeps its first result.
+    StepPut {
+        execution: String,
+        step: String,
+        result: Bytes,
+    },
 }
 
 impl Request {
@@ -139,6 +159,11 @@ impl Request {
             Request::Stop { .. } => "Stop",
             Request::ShimHello(_) => "ShimHello",
             Request::WorkerExited(_) => "WorkerExited",
+            Request::CheckpointSave(_) => "CheckpointSave",
+            Request::CheckpointLoad { .. } => "CheckpointLoad",
+            Request::CheckpointList { .. } => "CheckpointList",
+            Request::StepGet { .. } => "StepGet",
+            Request::StepPut { .. } => "StepPut",
         }
     }
 }
@@ -262,6 +287,17 @@ pub enum Response {
     ShimAccepted,
     /// Answer to [`Request::WorkerExited`]: the exit is durable.
     ExitRecorded,
+    /// Answer to [`Request::CheckpointSave`]: the checkpoint is durable.
+    CheckpointSaved(CheckpointMeta),
+    /// Answer to [`Request::CheckpointLoad`].
+    Checkpoint(Checkpoint),
+    /// Answer to [`Request::CheckpointList`], newest first.
+    Checkpoints(Vec<CheckpointMeta>),
+    /// Answer to [`Request::StepGet`]: the recorded result, if any.
+    StepResult(Option<Bytes>),
+    /// Answer to [`Request::StepPut`]: the step's result is durable. Carries
+    /// the result that is kept (the first one recorded).
+    StepRecorded(Bytes),
 }
 
 impl Response {
@@ -284,6 +320,11 @@ impl Response {
             Response::Stopped(_) => "Stopped",
             Response::ShimAccepted => "ShimAccepted",
             Response::ExitRecorded => "ExitRecorded",
+            Response::CheckpointSaved(_) => "CheckpointSaved",
+            Response::Checkpoint(_) => "Checkpoint",
+            Response::Checkpoints(_) => "Checkpoints",
+            Response::StepResult(_) => "StepResult",
+            Response::StepRecorded(_) => "StepRecorded",
         }
     }
 }
@@ -612,6 +653,42 @@ pub struct ShimSpec {
     pub resumed: bool,
     /// Longest line kept as one frame; longer lines are split.
     pub max_line: u32,
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints and durable steps
+// ---------------------------------------------------------------------------
+
+/// See [`Request::CheckpointSave`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointSave {
+    pub execution: String,
+    /// The worker's own format version for `data`; the daemon only stores it.
+    pub schema_version: u32,
+    pub data: Bytes,
+}
+
+/// A checkpoint without its data, as listed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointMeta {
+    /// Increasing per execution.
+    pub id: u64,
+    /// The execution stream's last seq when the checkpoint was saved: output
+    /// after it came after the checkpoint.
+    pub seq: u64,
+    pub schema_version: u32,
+    pub size: u64,
+    pub created_micros: u64,
+    /// False when the stored checksum does not match the data; such a
+    /// checkpoint is never loaded.
+    pub valid: bool,
+}
+
+/// A checkpoint with its data. Only valid checkpoints are returned.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub meta: CheckpointMeta,
+    pub data: Bytes,
 }
 
 /// Checks a stream, producer or consumer name: 1 to [`MAX_NAME_LEN`] bytes,

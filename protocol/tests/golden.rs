@@ -26,6 +26,7 @@ use tether_protocol::{
     ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Request, Response, ServerCodec,
     StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed, PROTOCOL_VERSION,
 };
+use tether_protocol::{Checkpoint, CheckpointMeta, CheckpointSave};
 use tether_protocol::{
     CheckpointRef, ExecState, ExecutionInfo, ExitStatus, RestartPolicy, RunSpec, ShimHello,
     WorkerExited,
@@ -145,6 +146,41 @@ fn request_fixtures() -> Vec<(Request, &'static str)> {
                 status: ExitStatus::Signal(9),
             }),
             "00000007 0b026531020112",
+        ),
+        (
+            Request::CheckpointSave(CheckpointSave {
+                execution: "e1".into(),
+                schema_version: 2,
+                data: Bytes::from_static(b"{}"),
+            }),
+            "00000008 0c02653102027b7d",
+        ),
+        (
+            Request::CheckpointLoad {
+                execution: "e1".into(),
+            },
+            "00000004 0d026531",
+        ),
+        (
+            Request::CheckpointList {
+                execution: "e1".into(),
+            },
+            "00000004 0e026531",
+        ),
+        (
+            Request::StepGet {
+                execution: "e1".into(),
+                step: "s".into(),
+            },
+            "00000006 0f0265310173",
+        ),
+        (
+            Request::StepPut {
+                execution: "e1".into(),
+                step: "s".into(),
+                result: Bytes::from_static(b"7"),
+            },
+            "00000008 1002653101730137",
         ),
     ]
 }
@@ -306,6 +342,37 @@ fn response_fixtures() -> Vec<(Response, &'static str)> {
         ),
         (Response::ShimAccepted, "00000001 0e"),
         (Response::ExitRecorded, "00000001 0f"),
+        (
+            Response::CheckpointSaved(CheckpointMeta {
+                id: 3,
+                seq: 9,
+                schema_version: 2,
+                size: 2,
+                created_micros: 1,
+                valid: true,
+            }),
+            "00000007 10030902020101",
+        ),
+        (
+            Response::Checkpoint(Checkpoint {
+                meta: CheckpointMeta {
+                    id: 3,
+                    seq: 9,
+                    schema_version: 2,
+                    size: 2,
+                    created_micros: 1,
+                    valid: true,
+                },
+                data: Bytes::from_static(b"{}"),
+            }),
+            "0000000a 11030902020101027b7d",
+        ),
+        (Response::Checkpoints(vec![]), "00000002 1200"),
+        (Response::StepResult(None), "00000002 1300"),
+        (
+            Response::StepRecorded(Bytes::from_static(b"7")),
+            "00000003 140137",
+        ),
     ]
 }
 
@@ -326,10 +393,15 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::Stop { .. } => "Stop",
         Request::ShimHello(_) => "ShimHello",
         Request::WorkerExited(_) => "WorkerExited",
+        Request::CheckpointSave(_) => "CheckpointSave",
+        Request::CheckpointLoad { .. } => "CheckpointLoad",
+        Request::CheckpointList { .. } => "CheckpointList",
+        Request::StepGet { .. } => "StepGet",
+        Request::StepPut { .. } => "StepPut",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 12] = [
+const ALL_REQUEST_VARIANTS: [&str; 17] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -342,6 +414,11 @@ const ALL_REQUEST_VARIANTS: [&str; 12] = [
     "Stop",
     "ShimHello",
     "WorkerExited",
+    "CheckpointSave",
+    "CheckpointLoad",
+    "CheckpointList",
+    "StepGet",
+    "StepPut",
 ];
 
 /// See [`request_variant`].
@@ -363,10 +440,15 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::Stopped(_) => "Stopped",
         Response::ShimAccepted => "ShimAccepted",
         Response::ExitRecorded => "ExitRecorded",
+        Response::CheckpointSaved(_) => "CheckpointSaved",
+        Response::Checkpoint(_) => "Checkpoint",
+        Response::Checkpoints(_) => "Checkpoints",
+        Response::StepResult(_) => "StepResult",
+        Response::StepRecorded(_) => "StepRecorded",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 16] = [
+const ALL_RESPONSE_VARIANTS: [&str; 21] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -383,6 +465,11 @@ const ALL_RESPONSE_VARIANTS: [&str; 16] = [
     "Stopped",
     "ShimAccepted",
     "ExitRecorded",
+    "CheckpointSaved",
+    "Checkpoint",
+    "Checkpoints",
+    "StepResult",
+    "StepRecorded",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {
