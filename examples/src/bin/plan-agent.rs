@@ -1,0 +1,3 @@
+//! Placeholder: the example agent is being written.
+
+fn main() {}
