@@ -257,7 +257,7 @@ impl Session {
                             Some(None) | None => break,
                         }
                     }
-                    self.start_appends(batch)?;
+                    self.start_appends(batch).await?;
                 }
                 Request::DurableAck(ack) => self.start_ack(ack)?,
                 other => {
@@ -272,15 +272,16 @@ impl Session {
         Ok(())
     }
 
-    fn start_appends(&mut self, batch: Vec<tether_protocol::Append>) -> Result<(), Refusal> {
+    async fn start_appends(&mut self, batch: Vec<tether_protocol::Append>) -> Result<(), Refusal> {
         for append in &batch {
             validate_name("stream", &append.stream)?;
             validate_name("producer", &append.producer)?;
         }
-        let queue = self.shared.queue.clone();
+        // Submitted here, in socket order; only the outcome is awaited in
+        // the pipeline. See `Queue::submit_append`.
+        let outcomes = self.shared.queue.submit_append(batch).await?;
         self.pending.push_back(Box::pin(async move {
-            let outcomes = queue.append(batch).await?;
-            Ok(coalesce_acks(outcomes))
+            Ok(coalesce_acks(outcomes.await?))
         }));
         Ok(())
     }

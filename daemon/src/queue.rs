@@ -293,11 +293,26 @@ impl Queue {
     }
 
     /// Sends one request to the writer and waits for its answer.
-    async fn call<T>(
+    async fn call<T: Send + 'static>(
         &self,
         request: Request,
         reply: fn(oneshot::Sender<Result<T>>) -> Reply,
     ) -> Result<T> {
+        self.submit(request, reply).await?.await
+    }
+
+    /// Hands `request` to the writer now and returns a future of its
+    /// outcome. Once this resolves the command is in the writer's queue, so
+    /// commands submitted one after another by one caller are applied in
+    /// that order, however their outcome futures are polled later.
+    async fn submit<T: 'static>(
+        &self,
+        request: Request,
+        reply: fn(oneshot::Sender<Result<T>>) -> Reply,
+    ) -> Result<impl std::future::Future<Output = Result<T>> + Send + 'static>
+    where
+        T: Send,
+    {
         let tx = lock(&self.inner.tx).clone().ok_or(Error::ShuttingDown)?;
         let (reply_tx, reply_rx) = oneshot::channel();
         tx.send(Command {
@@ -306,8 +321,22 @@ impl Queue {
         })
         .await
         .map_err(|_| self.inner.writer_gone())?;
-        drop(tx);
-        reply_rx.await.map_err(|_| self.inner.writer_gone())?
+        let inner = self.inner.clone();
+        Ok(async move { reply_rx.await.map_err(|_| inner.writer_gone())? })
+    }
+
+    /// Like [`Queue::append`], but split in two: the returned future is
+    /// obtained once the appends are queued for the writer, in order with
+    /// this caller's earlier submissions. A session pipelines with it: it
+    /// submits batch after batch in socket order and awaits the outcomes
+    /// later. (Submitting inside the awaited futures instead would let a
+    /// later batch overtake an earlier one, and the producer dedupe would
+    /// then take the earlier one for a duplicate.)
+    pub async fn submit_append(
+        &self,
+        appends: Vec<Append>,
+    ) -> Result<impl std::future::Future<Output = Result<Vec<AppendOutcome>>> + Send + 'static> {
+        self.submit(Request::Append(appends), Reply::Append).await
     }
 }
 
