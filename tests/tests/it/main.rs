@@ -1,1 +1,23 @@
-//! placeholder
+//! Black-box behaviour tests of `tetherd` and `tether`: real processes, real
+//! unix sockets, real redb files. A crash is `kill -9`.
+//!
+//! Each module proves one behaviour of the product contract; the helpers
+//! they share live in the `tether_tests` support library.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod bad_input;
+mod compaction;
+mod crash_resume;
+mod exit_codes;
+mod publish_tail;
+mod replay_cutover;
+mod signals;
+mod single_instance;
+mod slow_reader;
+mod supervise_bad_input;
+mod supervise_lost;
+mod supervise_output;
+mod supervise_policy;
+mod supervise_reattach;
+mod supervise_stop;
