@@ -14,6 +14,8 @@
 //! * [`shim`]: the per-worker shim that tetherd starts for each attempt of
 //!   a supervised worker (the `tether-shim` binary is a thin wrapper).
 //! * [`time`]: RFC 3339 timestamps and short ages for output.
+//! * [`worker`]: the worker SDK for supervised programs: [`Worker`]
+//!   (emit, checkpoint, restore, durable steps) and [`CheckpointTrigger`].
 //! * [`error`]: the crate's one error type and its exit codes.
 //!
 //! Everything is async on tokio. The `tether` binary in this package is a
@@ -26,8 +28,10 @@ pub mod publisher;
 pub mod shim;
 pub mod subscriber;
 pub mod time;
+pub mod worker;
 
 pub use conn::{ConnectOptions, Connection, Connector, Endpoint, Link};
 pub use error::{Error, Result};
 pub use publisher::{Greeting, Publisher, PublisherOptions};
 pub use subscriber::{Event, Start, SubscribeOptions, Subscriber};
+pub use worker::{CheckpointTrigger, Error as WorkerError, Worker};

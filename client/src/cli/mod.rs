@@ -2,7 +2,7 @@
 //! the mapping of errors to exit codes.
 //!
 //! * [`publish`], [`tail`], [`streams`], [`status`], [`run`], [`ps`],
-//!   [`stop`]: the commands.
+//!   [`stop`], [`checkpoint`]: the commands.
 //! * [`attach`]: `run --attach`, following an execution until it ends.
 //! * [`lines`]: stdin split into line frames, in large reads.
 //! * [`cursor`]: the `--cursor-file` format and its atomic update.
@@ -11,6 +11,7 @@
 //! * [`duration`]: durations such as `500ms` or `2m`.
 
 pub mod attach;
+pub mod checkpoint;
 pub mod cursor;
 pub mod duration;
 pub mod lines;
@@ -86,6 +87,8 @@ enum Command {
     Ps(ps::PsArgs),
     /// Stop an execution: SIGTERM, then SIGKILL after the timeout.
     Stop(stop::StopArgs),
+    /// Save, load and list an execution's checkpoints.
+    Checkpoint(checkpoint::CheckpointArgs),
 }
 
 /// What every command needs from the global flags.
@@ -147,6 +150,7 @@ pub fn main() -> ExitCode {
             Command::Run(args) => run::run(&context, args).await,
             Command::Ps(args) => done(ps::run(&context, args).await),
             Command::Stop(args) => done(stop::run(&context, args).await),
+            Command::Checkpoint(args) => done(checkpoint::run(&context, args).await),
         }
     });
     match outcome {
