@@ -38,11 +38,13 @@ impl Default for Supervised {
 /// One frame of an execution's stream, from `tether tail --json`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
+    /// The frame's seq in the execution's stream.
     pub seq: u64,
     /// Microseconds since the epoch.
     pub ts_micros: u64,
     /// `stdout`, `stderr` or `event`.
     pub kind: String,
+    /// The line (or piece of a line, or event text).
     pub payload: String,
 }
 
@@ -213,7 +215,7 @@ impl Supervised {
                 let is_shim = [1, 2].iter().any(|&fd| {
                     procs::fd_target(pid, fd).is_some_and(|p| p.starts_with(&state_dir))
                 });
-                let is_worker = || procs::environ(pid).iter().any(|v| *v == socket_var);
+                let is_worker = || procs::environ(pid).contains(&socket_var);
                 if is_shim || is_worker() {
                     let _ = procs::kill9(pid);
                 }

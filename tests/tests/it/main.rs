@@ -7,6 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bad_input;
+mod checkpoint_agent;
+mod checkpoint_cli;
+mod checkpoint_corruption;
+mod checkpoint_durability;
+mod checkpoint_support;
 mod compaction;
 mod crash_resume;
 mod exit_codes;
@@ -19,5 +24,10 @@ mod supervise_bad_input;
 mod supervise_lost;
 mod supervise_output;
 mod supervise_policy;
+mod supervise_ps;
 mod supervise_reattach;
 mod supervise_stop;
+mod systemd_activation;
+mod systemd_config;
+mod systemd_notify;
+mod systemd_support;

@@ -6,11 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use tether_tests::procs;
 use tether_tests::raw;
 use tether_tests::supervise::{number, payloads, pid_of, Supervised};
 use tether_tests::text::assert_same_lines;
 use tether_tests::wait::wait_until;
+use tether_tests::{mem, procs};
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -164,6 +164,15 @@ fn with_the_daemon_down_a_fast_worker_blocks_and_loses_nothing() {
         procs::is_running(pid),
         "the worker (pid {pid}) is gone while the daemon was down"
     );
+
+    // For the record: what holding back output costs the shim.
+    let shim = procs::parent_of(pid);
+    if let Ok(memory) = mem::read(shim) {
+        eprintln!(
+            "shim pid {shim} after {DOWN_LONG:?} without a daemon: rss {} KiB, peak {} KiB",
+            memory.rss_kib, memory.hwm_kib
+        );
+    }
 
     sup.daemon().restart();
     let info = sup.wait_state(&id, "completed", STEP_TIMEOUT);
