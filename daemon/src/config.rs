@@ -1,10 +1,22 @@
-//! The daemon's settings, with their defaults.
+//! The daemon's settings, with their defaults, and the layers that set
+//! them: the TOML config file ([`file`]), then `TETHER_*` environment
+//! variables, then command-line flags (applied by `main`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod file;
+
+pub use file::{ConfigSource, FileConfig};
+
 /// The file name of the shim program looked for next to the daemon.
 pub const SHIM_NAME: &str = "tether-shim";
+
+/// Mode of a socket the daemon binds itself: only its own user may connect.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
+
+/// The tracing filter used when neither the file nor `TETHER_LOG` sets one.
+pub const DEFAULT_LOG_LEVEL: &str = "info";
 
 /// Per-stream retention limits. A frame is deleted when any limit is
 /// exceeded, oldest first, whether or not durable consumers have acked it
@@ -42,6 +54,20 @@ pub struct Config {
     /// The shim program started for every worker attempt; `None` means
     /// `tether-shim` next to the daemon's own executable.
     pub shim: Option<PathBuf>,
+    /// Checkpoints kept per execution, newest first (at least 1).
+    pub checkpoint_keep: usize,
+    /// Largest checkpoint accepted, in bytes.
+    pub max_checkpoint_bytes: usize,
+    /// Permission bits of a socket the daemon binds itself (an inherited
+    /// one keeps what the socket unit gave it).
+    pub socket_mode: u32,
+    /// Group given to a socket the daemon binds itself; `None` keeps the
+    /// daemon's own group.
+    pub socket_group: Option<String>,
+    /// The tracing filter (`info`, `debug`, `tetherd=trace,info`, ...).
+    pub log_level: String,
+    /// Restarts allowed to a run that did not say; `None` is unlimited.
+    pub default_max_restarts: Option<u32>,
 }
 
 impl Config {
@@ -54,6 +80,12 @@ impl Config {
             max_connections: 4096,
             retention: Retention::default(),
             shim: None,
+            checkpoint_keep: 10,
+            max_checkpoint_bytes: 8 * 1024 * 1024,
+            socket_mode: DEFAULT_SOCKET_MODE,
+            socket_group: None,
+            log_level: DEFAULT_LOG_LEVEL.to_owned(),
+            default_max_restarts: None,
         }
     }
 

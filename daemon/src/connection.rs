@@ -280,9 +280,8 @@ impl Session {
         // Submitted here, in socket order; only the outcome is awaited in
         // the pipeline. See `Queue::submit_append`.
         let outcomes = self.shared.queue.submit_append(batch).await?;
-        self.pending.push_back(Box::pin(async move {
-            Ok(coalesce_acks(outcomes.await?))
-        }));
+        self.pending
+            .push_back(Box::pin(async move { Ok(coalesce_acks(outcomes.await?)) }));
         Ok(())
     }
 
@@ -341,17 +340,51 @@ impl Session {
             } => self.stop(&execution, timeout_ms).await,
             Request::ShimHello(hello) => self.shim_hello(hello).await,
             Request::WorkerExited(exited) => self.worker_exited(exited).await,
-            Request::CheckpointSave(_)
-            | Request::CheckpointLoad { .. }
-            | Request::CheckpointList { .. }
-            | Request::StepGet { .. }
-            | Request::StepPut { .. } => Err(Refusal::new(
-                ErrorCode::INVALID_REQUEST,
-                "checkpoints are not available in this build",
-            )),
+            Request::CheckpointSave(save) => {
+                validate_name("execution", &save.execution)?;
+                let meta = self.shared.queue.save_checkpoint(save).await?;
+                self.send_all(vec![Response::CheckpointSaved(meta)]).await
+            }
+            Request::CheckpointLoad { execution } => self.load_checkpoint(&execution).await,
+            Request::CheckpointList { execution } => {
+                validate_name("execution", &execution)?;
+                let list = self.shared.queue.list_checkpoints(&execution).await?;
+                self.send_all(vec![Response::Checkpoints(list)]).await
+            }
+            Request::StepGet { execution, step } => {
+                validate_name("execution", &execution)?;
+                let result = self.shared.queue.step(&execution, &step).await?;
+                self.send_all(vec![Response::StepResult(result)]).await
+            }
+            Request::StepPut {
+                execution,
+                step,
+                result,
+            } => {
+                validate_name("execution", &execution)?;
+                let kept = self
+                    .shared
+                    .queue
+                    .put_step(&execution, &step, result)
+                    .await?;
+                self.send_all(vec![Response::StepRecorded(kept)]).await
+            }
             Request::Append(_) | Request::DurableAck(_) => Err(Refusal::new(
                 ErrorCode::INTERNAL,
                 "pipelined request reached the control path",
+            )),
+        }
+    }
+
+    /// The newest valid checkpoint; having none is `NOT_FOUND`, which the
+    /// client reports as "no checkpoint" (exit 3).
+    async fn load_checkpoint(&mut self, execution: &str) -> Result<(), Refusal> {
+        validate_name("execution", execution)?;
+        match self.shared.queue.load_checkpoint(execution).await? {
+            Some(checkpoint) => self.send_all(vec![Response::Checkpoint(checkpoint)]).await,
+            None => Err(Refusal::new(
+                ErrorCode::NOT_FOUND,
+                format!("execution {execution} has no valid checkpoint"),
             )),
         }
     }

@@ -12,13 +12,21 @@
 //! * [`supervisor`] runs workers through per-attempt shims: manifests, the
 //!   execution state machine, restart policy, process identity and pidfds,
 //!   recovery of live shims after a restart.
+//! * [`checkpoint`] is the checkpoint record (CRC-32, validity) and what a
+//!   restarted attempt resumes from; the queue stores checkpoints and
+//!   durable steps, the supervisor resumes attempts from them.
+//! * [`notify`] reports readiness, status and watchdog pings to the
+//!   service manager; [`activation`] adopts a socket it passed.
 //! * [`config`], [`lock`], [`shutdown`] and [`error`] do what they say.
 
+pub mod activation;
+pub mod checkpoint;
 pub mod config;
 pub mod connection;
 pub mod error;
 pub mod hub;
 pub mod lock;
+pub mod notify;
 pub mod queue;
 pub mod server;
 pub mod shutdown;
@@ -31,9 +39,11 @@ pub use error::{Error, Result};
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 /// Runs the daemon until `shutdown` is cancelled: takes the state
 /// directory's lock, opens the store, recovers the executions, binds the
@@ -41,25 +51,75 @@ use tokio_util::sync::CancellationToken;
 /// their in-flight commits, stops the supervisor's timers (shims and
 /// workers keep running), closes the store and removes the socket.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
+    run_with(config, shutdown, Launch::default()).await
+}
+
+/// What the process starting the daemon hands to [`run_with`] besides the
+/// config: what the service manager passed, and configs reloaded later.
+#[derive(Debug, Default)]
+pub struct Launch {
+    /// A listening socket passed by socket activation: served instead of
+    /// binding [`Config::socket`], and never removed on exit.
+    pub activated: Option<activation::Activated>,
+    /// Where readiness, status, watchdog pings and stopping are reported.
+    pub notifier: Option<notify::Notifier>,
+    /// Configs re-read on SIGHUP; the parts that can change live are applied.
+    pub reloads: Option<mpsc::UnboundedReceiver<Config>>,
+}
+
+/// [`run`], with what a service manager passed and a source of reloaded
+/// configs. Sends `READY=1` once the socket accepts, `WATCHDOG=1` while
+/// the store answers, and `STOPPING=1` as soon as `shutdown` is cancelled.
+pub async fn run_with(
+    mut config: Config,
+    shutdown: CancellationToken,
+    launch: Launch,
+) -> Result<()> {
+    let notifier = launch.notifier.map(Arc::new);
+    let status = |text: &str| {
+        if let Some(n) = &notifier {
+            n.status(text);
+        }
+    };
+    status("opening the store");
+    // Reloaded configs are compared with the one the daemon was started
+    // with, before the socket path below is replaced.
+    let started_with = config.clone();
+    if let Some(path) = launch.activated.as_ref().and_then(|a| a.path.as_ref()) {
+        // Shims and workers are told the socket that is really served.
+        if *path != config.socket {
+            tracing::info!(
+                "serving the inherited socket {} instead of {}",
+                path.display(),
+                config.socket.display()
+            );
+            config.socket = path.clone();
+        }
+    }
     create_private_dir(&config.state_dir)?;
     let _lock = lock::StateLock::acquire(&config.state_dir)?;
     let queue_options = queue::QueueOptions {
         retention: config.retention.clone(),
+        checkpoint_keep: config.checkpoint_keep,
+        max_checkpoint_bytes: config.max_checkpoint_bytes,
         ..queue::QueueOptions::default()
     };
     let store_path = config.store_path();
     let queue = tokio::task::spawn_blocking(move || queue::Queue::open(&store_path, queue_options))
         .await
         .map_err(|e| Error::Storage(format!("store opening task failed: {e}")))??;
+    status("recovering executions");
     let settings = supervisor::Settings::from_config(&config)?;
     // Executions are recovered before the socket accepts anything, so that
     // a reconnecting shim always finds its execution.
     let supervisor =
         supervisor::Supervisor::start(queue.clone(), settings, CancellationToken::new()).await?;
-    let listener = server::bind(&config.socket)?;
+    let inherited = launch.activated.is_some();
+    let listener = listen(&config, launch.activated)?;
     tracing::info!(
         socket = %config.socket.display(),
         state_dir = %config.state_dir.display(),
+        inherited,
         "tetherd {} listening",
         env!("CARGO_PKG_VERSION")
     );
@@ -71,15 +131,123 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         started: Instant::now(),
         connections: AtomicU64::new(0),
     });
+    let _helpers = notifier.as_ref().map(|n| {
+        let ready = format!("serving on {}", socket.display());
+        n.ready(&ready);
+        service_tasks(n.clone(), &queue, &shutdown)
+    });
+    let _reloads = launch.reloads.map(|rx| {
+        AbortOnDropHandle::new(tokio::spawn(apply_reloads(queue.clone(), started_with, rx)))
+    });
     server::serve(listener, shared, shutdown).await;
     supervisor.close().await;
     let closed = queue.close().await;
-    if let Err(e) = std::fs::remove_file(&socket) {
-        tracing::debug!("could not remove socket {}: {e}", socket.display());
+    // An inherited socket belongs to the service manager, which keeps it
+    // open across restarts: removing its file would strand it.
+    if !inherited {
+        if let Err(e) = std::fs::remove_file(&socket) {
+            tracing::debug!("could not remove socket {}: {e}", socket.display());
+        }
     }
     closed?;
     tracing::info!("tetherd stopped");
     Ok(())
+}
+
+/// The socket to serve: the inherited one, else one bound at
+/// [`Config::socket`] with the configured mode and group.
+fn listen(
+    config: &Config,
+    activated: Option<activation::Activated>,
+) -> Result<tokio::net::UnixListener> {
+    let Some(activated) = activated else {
+        return server::bind_with(
+            &config.socket,
+            config.socket_mode,
+            config.socket_group.as_deref(),
+        );
+    };
+    let listener = activated.listener;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("cannot make the inherited socket non-blocking", e))?;
+    tokio::net::UnixListener::from_std(listener)
+        .map_err(|e| Error::io("cannot serve the inherited socket", e))
+}
+
+/// Starts the tasks that keep the service manager informed: `STOPPING=1`
+/// as soon as shutdown begins, and the watchdog when one is asked for.
+/// They end when the returned handles are dropped.
+fn service_tasks(
+    notifier: Arc<notify::Notifier>,
+    queue: &queue::Queue,
+    shutdown: &CancellationToken,
+) -> Vec<AbortOnDropHandle<()>> {
+    let mut tasks = Vec::new();
+    let (n, token) = (notifier.clone(), shutdown.clone());
+    tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
+        token.cancelled().await;
+        n.stopping("stopping: finishing the commits in flight");
+    })));
+    if let Some(every) = notifier.watchdog_interval() {
+        let task = watchdog(notifier, queue.clone(), every, shutdown.clone());
+        tasks.push(AbortOnDropHandle::new(tokio::spawn(task)));
+    }
+    tasks
+}
+
+/// Sends `WATCHDOG=1` every `every`, but only after a round trip through
+/// the store's writer came back in time: a daemon whose writer is stuck
+/// stops pinging, and the service manager restarts it.
+async fn watchdog(
+    notifier: Arc<notify::Notifier>,
+    queue: queue::Queue,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match tokio::time::timeout(every, queue.compact()).await {
+            // A full disk is answered by a working writer: the daemon is
+            // alive and still serves reads, so it must not be restarted.
+            Ok(Ok(())) | Ok(Err(Error::DiskFull { .. })) => notifier.watchdog(),
+            Ok(Err(e)) => tracing::warn!("watchdog: the store failed its check: {e}"),
+            Err(_) => tracing::warn!("watchdog: the store did not answer within {every:?}"),
+        }
+    }
+}
+
+/// Applies reloaded configs: the log level was already applied by the
+/// caller; what can only change at a restart is logged as not applied.
+async fn apply_reloads(
+    queue: queue::Queue,
+    mut current: Config,
+    mut reloads: mpsc::UnboundedReceiver<Config>,
+) {
+    while let Some(new) = reloads.recv().await {
+        for key in current.needs_restart(&new) {
+            tracing::warn!("config reload: {key} changed, but it takes effect only at a restart");
+        }
+        if new.retention != current.retention {
+            apply_retention(&queue, &new.retention).await;
+        }
+        current = new;
+    }
+}
+
+/// Puts new retention limits in force.
+async fn apply_retention(queue: &queue::Queue, retention: &config::Retention) {
+    // The queue has no way yet to change its limits while it runs.
+    let _ = queue;
+    tracing::warn!(
+        ?retention,
+        "config reload: retention changed, but it takes effect only at a restart"
+    );
 }
 
 /// Creates `dir` (mode 0700 for what it creates) when missing.

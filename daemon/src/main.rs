@@ -1,5 +1,7 @@
-//! `tetherd`: parses flags, sets up logging and signals, and calls
-//! [`tetherd::run`].
+//! `tetherd`: reads the config (file, environment, flags), takes what the
+//! service manager passed, sets up logging and signals, and calls
+//! [`tetherd::run_with`]. SIGHUP reads the config again: the log level is
+//! applied here, the rest is handed to the daemon.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,10 +9,13 @@ use std::time::Duration;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter, Registry};
 
 /// The tether daemon: durable, sequence-numbered streams over a unix socket,
 /// and supervised workers whose output becomes streams.
-#[derive(Debug, Parser)]
+#[derive(Clone, Debug, Parser)]
 #[command(name = "tetherd", version, about)]
 struct Args {
     /// Socket to listen on [default: $TETHER_SOCKET, $RUNTIME_DIRECTORY/tether.sock,
@@ -24,18 +29,24 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
 
+    /// Config file [default: tetherd.toml in $CONFIGURATION_DIRECTORY,
+    /// /etc/tether for root, $XDG_CONFIG_HOME/tether or ~/.config/tether;
+    /// that default may be missing, a named file may not]
+    #[arg(long, value_name = "FILE", env = "TETHER_CONFIG")]
+    config: Option<PathBuf>,
+
     /// The shim program started for each worker attempt [default:
     /// tether-shim next to tetherd]
     #[arg(long, value_name = "PATH", env = "TETHER_SHIM")]
     shim: Option<PathBuf>,
 
-    /// Largest accepted message in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = tether_protocol::DEFAULT_MAX_FRAME_LEN)]
-    max_frame_len: usize,
+    /// Largest accepted message in bytes [default: 16 MiB].
+    #[arg(long, value_name = "BYTES")]
+    max_frame_len: Option<usize>,
 
-    /// Connections served at once.
-    #[arg(long, value_name = "N", default_value_t = 4096)]
-    max_connections: usize,
+    /// Connections served at once [default: 4096].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
 
     /// Retention: frames kept per stream (0 = no limit).
     #[arg(long, value_name = "N")]
@@ -48,12 +59,24 @@ struct Args {
     /// Retention: age of the oldest frame kept, in seconds (0 = no limit).
     #[arg(long, value_name = "SECS")]
     retention_max_age: Option<u64>,
+
+    /// Checkpoints kept per execution; older ones are deleted.
+    #[arg(long, value_name = "N", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    checkpoint_keep: u32,
+
+    /// Largest checkpoint accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 8 * 1024 * 1024)]
+    max_checkpoint_bytes: usize,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_tracing();
-    match start(args) {
+    // Read once and removed before any thread starts, so that shims and
+    // workers do not inherit them.
+    let listen_env = tetherd::activation::ListenEnv::take_from_process();
+    let notify_env = tetherd::notify::NotifyEnv::take_from_process();
+    match start(args, &listen_env, &notify_env) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -63,10 +86,20 @@ fn main() -> ExitCode {
     }
 }
 
-fn start(args: Args) -> tetherd::Result<()> {
-    let config = config_from(args)?;
+fn start(
+    args: Args,
+    listen_env: &tetherd::activation::ListenEnv,
+    notify_env: &tetherd::notify::NotifyEnv,
+) -> tetherd::Result<()> {
+    let config = config_from(args.clone())?;
+    let log = init_tracing(&config.log_level);
+    let activated = listen_env.activate()?;
+    let notifier = tetherd::notify::Notifier::from_env(notify_env)?;
+    let (reload_tx, reloads) = tokio::sync::mpsc::unbounded_channel();
     let shutdown = CancellationToken::new();
-    tetherd::shutdown::install_signal_handlers(shutdown.clone())?;
+    tetherd::shutdown::install_with_reload(shutdown.clone(), move || {
+        reload(&args, &log, &reload_tx);
+    })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("tetherd")
@@ -76,7 +109,37 @@ fn start(args: Args) -> tetherd::Result<()> {
         .max_blocking_threads(4)
         .build()
         .map_err(|e| tetherd::Error::io("cannot start the async runtime", e))?;
-    runtime.block_on(tetherd::run(config, shutdown))
+    let launch = tetherd::Launch {
+        activated,
+        notifier,
+        reloads: Some(reloads),
+    };
+    runtime.block_on(tetherd::run_with(config, shutdown, launch))
+}
+
+/// SIGHUP: reads the config again. A config that fails to load changes
+/// nothing; otherwise the log level is applied here and the config is
+/// handed to the daemon, which applies or reports the rest.
+fn reload(
+    args: &Args,
+    log: &LogHandle,
+    daemon: &tokio::sync::mpsc::UnboundedSender<tetherd::Config>,
+) {
+    let config = match config_from(args.clone()) {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::error!("config reload failed, nothing changed: {e}");
+            return;
+        }
+    };
+    match EnvFilter::try_new(&config.log_level).map(|filter| log.reload(filter)) {
+        Ok(Ok(())) => tracing::info!("config reload: log level is {:?}", config.log_level),
+        Ok(Err(e)) => tracing::error!("config reload: cannot change the log level: {e}"),
+        Err(e) => tracing::error!("config reload: bad log level: {e}"),
+    }
+    if daemon.send(config).is_err() {
+        tracing::debug!("config reload: the daemon has stopped");
+    }
 }
 
 fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
@@ -96,9 +159,22 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
         )
     })?;
     let mut config = tetherd::Config::new(socket, state_dir);
-    config.max_frame_len = args.max_frame_len;
-    config.max_connections = args.max_connections.max(1);
+    let file = tether_protocol::paths::from_process(|env| {
+        tetherd::config::ConfigSource::resolve(args.config.clone(), env)
+    });
+    if let Some(file) = file {
+        config.apply_file(&file.load()?);
+    }
+    tether_protocol::paths::from_process(|env| config.apply_env(env))?;
+    if let Some(n) = args.max_frame_len {
+        config.max_frame_len = n;
+    }
+    if let Some(n) = args.max_connections {
+        config.max_connections = n.max(1);
+    }
     config.shim = args.shim;
+    config.checkpoint_keep = args.checkpoint_keep as usize;
+    config.max_checkpoint_bytes = args.max_checkpoint_bytes;
     let limit = |v: u64| (v > 0).then_some(v);
     if let Some(n) = args.retention_max_frames {
         config.retention.max_frames = limit(n);
@@ -112,19 +188,24 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
     Ok(config)
 }
 
+/// The handle that changes the log filter of the running subscriber.
+type LogHandle = reload::Handle<EnvFilter, Registry>;
+
 /// Logs go to stderr. Under journald (`JOURNAL_STREAM` set) the journal
-/// adds its own timestamps, so ours are left out. `TETHER_LOG` filters
-/// (default `info`).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+/// adds its own timestamps, so ours are left out. `level` was checked when
+/// the config was read; the filter can be replaced later through the
+/// returned handle.
+fn init_tracing(level: &str) -> LogHandle {
+    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, handle) = reload::Layer::new(filter);
+    let output = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false);
+    let registry = tracing_subscriber::registry().with(filter);
     if std::env::var_os("JOURNAL_STREAM").is_some() {
-        builder.without_time().with_ansi(false).init();
+        registry.with(output.without_time().with_ansi(false)).init();
     } else {
-        builder.init();
+        registry.with(output).init();
     }
+    handle
 }

@@ -13,6 +13,11 @@
 //! fails, every command of that batch gets the error and the writer reloads
 //! those caches from the store, so nothing half-applied lingers.
 //!
+//! Checkpoints and durable step results are written by the writer as well,
+//! so that a checkpoint records the stream's last seq as of its own
+//! transaction, and a new attempt's start reads the newest valid checkpoint
+//! in the same transaction that records it (see [`crate::checkpoint`]).
+//!
 //! Compaction and retention run on the writer too, one bounded batch at a
 //! time and only when no command is waiting, so they never delay an append
 //! by more than one small batch.
@@ -24,9 +29,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use tether_protocol::{validate_name, Append, Frame, FrameKind, StreamInfo};
+use tether_protocol::{
+    validate_name, Append, Checkpoint, CheckpointMeta, CheckpointRef, CheckpointSave, Frame,
+    FrameKind, StreamInfo,
+};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::checkpoint::{self, Resume};
 use crate::config::Retention;
 use crate::hub::{Hub, StreamUpdate, DEFAULT_FOLLOWER_BUDGET};
 use crate::store::{ProducerState, Snapshot, Store, StreamMeta, WriteTxn};
@@ -62,6 +71,11 @@ pub struct QueueOptions {
     pub max_batch_frames: usize,
     /// Payload bytes committed together at most (same exception).
     pub max_batch_bytes: usize,
+    /// Checkpoints kept per execution; saving deletes the older ones.
+    /// Taken as at least 1.
+    pub checkpoint_keep: usize,
+    /// Largest checkpoint (and durable step result) accepted, in bytes.
+    pub max_checkpoint_bytes: usize,
 }
 
 impl Default for QueueOptions {
@@ -70,6 +84,8 @@ impl Default for QueueOptions {
             retention: Retention::default(),
             max_batch_frames: 4096,
             max_batch_bytes: 4 * 1024 * 1024,
+            checkpoint_keep: 10,
+            max_checkpoint_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -88,6 +104,10 @@ pub struct AppendOutcome {
     pub duplicate: bool,
 }
 
+/// The newest valid checkpoint of each execution that has one, as `ps`
+/// shows it. The writer updates it after each commit that saves one.
+type CheckpointRefs = Arc<Mutex<HashMap<String, CheckpointRef>>>;
+
 /// A handle to the store and its writer. Clones share them.
 #[derive(Clone, Debug)]
 pub struct Queue {
@@ -98,14 +118,16 @@ pub struct Queue {
 struct Inner {
     store: Arc<Store>,
     hub: Arc<Hub>,
+    checkpoint_refs: CheckpointRefs,
     /// `None` once closing began: new commands are refused.
     tx: Mutex<Option<mpsc::Sender<Command>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Both mutexes guard a single `Option` that is only taken or read, so
-    // its value is sound even after a panic elsewhere.
+    // Two mutexes guard a single `Option` that is only taken or read, and
+    // the third a map whose every entry is whole on its own, so each value
+    // is sound even after a panic elsewhere.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -115,11 +137,13 @@ impl Queue {
     pub fn open(store_path: &Path, opts: QueueOptions) -> Result<Queue> {
         let store = Arc::new(Store::open(store_path)?);
         let snapshot = store.load()?;
+        let checkpoint_refs = Arc::new(Mutex::new(newest_valid_checkpoints(&store)?));
         let hub = Arc::new(Hub::new(DEFAULT_FOLLOWER_BUDGET));
         let (tx, rx) = mpsc::channel(COMMAND_CAPACITY);
         let mut writer = Writer {
             store: store.clone(),
             hub: hub.clone(),
+            checkpoint_refs: checkpoint_refs.clone(),
             opts,
             rx,
             state: State::default(),
@@ -136,6 +160,7 @@ impl Queue {
             inner: Arc::new(Inner {
                 store,
                 hub,
+                checkpoint_refs,
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
             }),
@@ -170,8 +195,103 @@ impl Queue {
             execution: execution.to_owned(),
             manifest,
             events,
+            resume: false,
         };
-        self.call(request, Reply::Record).await
+        let recorded = self.call(request, Reply::Record).await?;
+        Ok(recorded.last_seq)
+    }
+
+    /// [`Queue::record_execution`] for the start of a restarted attempt:
+    /// in the same transaction, after `events`, it looks up the newest
+    /// valid checkpoint and appends the event saying what the attempt
+    /// resumes from (see [`Resume::event`]). Resolves after the commit with
+    /// the stream's last seq and what the attempt resumes from.
+    pub async fn record_attempt_start(
+        &self,
+        execution: &str,
+        manifest: Vec<u8>,
+        events: Vec<Bytes>,
+    ) -> Result<(u64, Resume)> {
+        let request = Request::Record {
+            execution: execution.to_owned(),
+            manifest,
+            events,
+            resume: true,
+        };
+        let recorded = self.call(request, Reply::Record).await?;
+        Ok((recorded.last_seq, recorded.resume.unwrap_or(Resume::Fresh)))
+    }
+
+    /// Stores `save.data` as the execution's newest checkpoint, recording
+    /// the execution stream's last seq, and deletes checkpoints beyond the
+    /// newest [`QueueOptions::checkpoint_keep`]; resolves once durable. An
+    /// unknown execution is [`Error::ExecutionNotFound`], data over
+    /// [`QueueOptions::max_checkpoint_bytes`] [`Error::InvalidRequest`].
+    pub async fn save_checkpoint(&self, save: CheckpointSave) -> Result<CheckpointMeta> {
+        self.call(Request::SaveCheckpoint(save), Reply::Checkpoint)
+            .await
+    }
+
+    /// The execution's newest valid checkpoint; invalid newer ones are
+    /// skipped (and logged). `None` when it has none that is valid.
+    pub async fn load_checkpoint(&self, execution: &str) -> Result<Option<Checkpoint>> {
+        let execution = execution.to_owned();
+        self.read(move |store| {
+            store.find_checkpoint(&execution, |id, record| {
+                checkpoint::loadable(&execution, id, record)
+            })
+        })
+        .await
+    }
+
+    /// The execution's stored checkpoints, newest first, valid or not.
+    pub async fn list_checkpoints(&self, execution: &str) -> Result<Vec<CheckpointMeta>> {
+        let execution = execution.to_owned();
+        self.read(move |store| {
+            store.map_checkpoints(&execution, |id, record| {
+                checkpoint::inspect(id, record).meta
+            })
+        })
+        .await
+    }
+
+    /// The execution's newest valid checkpoint as `ps` shows it.
+    pub fn last_checkpoint(&self, execution: &str) -> Option<CheckpointRef> {
+        lock(&self.inner.checkpoint_refs).get(execution).copied()
+    }
+
+    /// The recorded result of durable step `step` of the execution.
+    pub async fn step(&self, execution: &str, step: &str) -> Result<Option<Bytes>> {
+        checkpoint::validate_step_name(step)?;
+        let (execution, step) = (execution.to_owned(), step.to_owned());
+        let result = self
+            .read(move |store| store.step(&execution, &step))
+            .await?;
+        Ok(result.map(Bytes::from))
+    }
+
+    /// Records `result` for durable step `step` unless one is recorded
+    /// already; resolves once durable with the result kept (the first).
+    pub async fn put_step(&self, execution: &str, step: &str, result: Bytes) -> Result<Bytes> {
+        checkpoint::validate_step_name(step)?;
+        let request = Request::PutStep {
+            execution: execution.to_owned(),
+            step: step.to_owned(),
+            result,
+        };
+        self.call(request, Reply::Step).await
+    }
+
+    /// Runs a store read on a blocking thread.
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Store) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.inner.check_open()?;
+        let store = self.inner.store.clone();
+        tokio::task::spawn_blocking(move || read(&store))
+            .await
+            .map_err(|e| Error::Storage(format!("store read task failed: {e}")))?
     }
 
     /// Every stored execution manifest as (execution id, encoded manifest).
@@ -305,14 +425,11 @@ impl Queue {
     /// outcome. Once this resolves the command is in the writer's queue, so
     /// commands submitted one after another by one caller are applied in
     /// that order, however their outcome futures are polled later.
-    async fn submit<T: 'static>(
+    async fn submit<T: Send + 'static>(
         &self,
         request: Request,
         reply: fn(oneshot::Sender<Result<T>>) -> Reply,
-    ) -> Result<impl std::future::Future<Output = Result<T>> + Send + 'static>
-    where
-        T: Send,
-    {
+    ) -> Result<impl std::future::Future<Output = Result<T>> + Send + 'static> {
         let tx = lock(&self.inner.tx).clone().ok_or(Error::ShuttingDown)?;
         let (reply_tx, reply_rx) = oneshot::channel();
         tx.send(Command {
@@ -335,7 +452,8 @@ impl Queue {
     pub async fn submit_append(
         &self,
         appends: Vec<Append>,
-    ) -> Result<impl std::future::Future<Output = Result<Vec<AppendOutcome>>> + Send + 'static> {
+    ) -> Result<impl std::future::Future<Output = Result<Vec<AppendOutcome>>> + Send + 'static>
+    {
         self.submit(Request::Append(appends), Reply::Append).await
     }
 }
@@ -432,6 +550,14 @@ enum Request {
         execution: String,
         manifest: Vec<u8>,
         events: Vec<Bytes>,
+        /// Also look up and announce what a new attempt resumes from.
+        resume: bool,
+    },
+    SaveCheckpoint(CheckpointSave),
+    PutStep {
+        execution: String,
+        step: String,
+        result: Bytes,
     },
     Compact,
 }
@@ -450,6 +576,8 @@ impl Request {
                 events.len() + 1,
                 manifest.len() + events.iter().map(Bytes::len).sum::<usize>(),
             ),
+            Request::SaveCheckpoint(save) => (1, save.data.len()),
+            Request::PutStep { result, .. } => (1, result.len()),
             Request::Compact => (0, 0),
         }
     }
@@ -460,16 +588,31 @@ enum Reply {
     Append(oneshot::Sender<Result<Vec<AppendOutcome>>>),
     OpenConsumer(oneshot::Sender<Result<u64>>),
     Ack(oneshot::Sender<Result<()>>),
-    Record(oneshot::Sender<Result<u64>>),
+    Record(oneshot::Sender<Result<Recorded>>),
+    Checkpoint(oneshot::Sender<Result<CheckpointMeta>>),
+    Step(oneshot::Sender<Result<Bytes>>),
     Compact(oneshot::Sender<Result<()>>),
+}
+
+/// What recording an execution change returns.
+#[derive(Debug)]
+struct Recorded {
+    /// The stream's last seq after the commit.
+    last_seq: u64,
+    /// What the new attempt resumes from, when that was asked for.
+    resume: Option<Resume>,
 }
 
 #[derive(Debug)]
 enum Outcome {
     Appended(Vec<AppendOutcome>),
     Consumer(u64),
-    /// An execution was recorded; the stream's last seq.
-    Recorded(u64),
+    /// An execution was recorded.
+    Recorded(Recorded),
+    /// A checkpoint was saved.
+    Checkpoint(CheckpointMeta),
+    /// A durable step's kept result.
+    Step(Bytes),
     /// An ack or a compaction finished.
     Done,
 }
@@ -485,8 +628,14 @@ impl Reply {
             (Reply::OpenConsumer(tx), Ok(Outcome::Consumer(a))) => {
                 let _ = tx.send(Ok(a));
             }
-            (Reply::Record(tx), Ok(Outcome::Recorded(seq))) => {
-                let _ = tx.send(Ok(seq));
+            (Reply::Record(tx), Ok(Outcome::Recorded(recorded))) => {
+                let _ = tx.send(Ok(recorded));
+            }
+            (Reply::Checkpoint(tx), Ok(Outcome::Checkpoint(meta))) => {
+                let _ = tx.send(Ok(meta));
+            }
+            (Reply::Step(tx), Ok(Outcome::Step(result))) => {
+                let _ = tx.send(Ok(result));
             }
             (Reply::Ack(tx) | Reply::Compact(tx), Ok(Outcome::Done)) => {
                 let _ = tx.send(Ok(()));
@@ -502,7 +651,10 @@ impl Reply {
         // Ignored for the reason given in `send`.
         let _ = match self {
             Reply::Append(tx) => tx.send(Err(e)).is_ok(),
-            Reply::OpenConsumer(tx) | Reply::Record(tx) => tx.send(Err(e)).is_ok(),
+            Reply::OpenConsumer(tx) => tx.send(Err(e)).is_ok(),
+            Reply::Record(tx) => tx.send(Err(e)).is_ok(),
+            Reply::Checkpoint(tx) => tx.send(Err(e)).is_ok(),
+            Reply::Step(tx) => tx.send(Err(e)).is_ok(),
             Reply::Ack(tx) | Reply::Compact(tx) => tx.send(Err(e)).is_ok(),
         };
     }
@@ -581,6 +733,8 @@ struct Staged {
     streams: BTreeMap<String, Vec<(u64, Frame)>>,
     producers: HashSet<(String, String)>,
     created_stream: bool,
+    /// Checkpoints saved, in order, as `ps` will show them.
+    checkpoints: Vec<(String, CheckpointRef)>,
 }
 
 enum Wait {
@@ -592,6 +746,7 @@ enum Wait {
 struct Writer {
     store: Arc<Store>,
     hub: Arc<Hub>,
+    checkpoint_refs: CheckpointRefs,
     opts: QueueOptions,
     rx: mpsc::Receiver<Command>,
     state: State,
@@ -857,7 +1012,14 @@ impl Writer {
                 execution,
                 manifest,
                 events,
-            } => self.apply_record(txn, execution, manifest, events, ts, staged),
+                resume,
+            } => self.apply_record(txn, execution, manifest, events, *resume, ts, staged),
+            Request::SaveCheckpoint(save) => self.apply_checkpoint(txn, save, ts, staged),
+            Request::PutStep {
+                execution,
+                step,
+                result,
+            } => self.apply_step(txn, execution, step, result),
             // Separated out by `process`; never part of a transaction.
             Request::Compact => Ok(Ok(Outcome::Done)),
         }
@@ -917,15 +1079,17 @@ impl Writer {
         Ok(Ok(Outcome::Appended(outcomes)))
     }
 
-    /// Stores a manifest and appends its lifecycle events. The daemon is
-    /// their only producer and writes them once, so they carry no dedupe
-    /// state.
+    /// Stores a manifest and appends its lifecycle events (and, for a new
+    /// attempt, the one saying what it resumes from). The daemon is their
+    /// only producer and writes them once, so they carry no dedupe state.
+    #[allow(clippy::too_many_arguments)]
     fn apply_record(
         &mut self,
         txn: &mut WriteTxn<'_>,
         execution: &str,
         manifest: &[u8],
         events: &[Bytes],
+        resume: bool,
         ts: u64,
         staged: &mut Staged,
     ) -> Result<Result<Outcome>> {
@@ -942,12 +1106,134 @@ impl Writer {
             };
             put_new_frame(txn, execution, stream, frame, staged)?;
         }
-        let last_seq = self
-            .state
+        let resume = match resume {
+            true => {
+                let resume = self.resume_point(txn, execution)?;
+                if let Some(event) = resume.event() {
+                    tracing::info!(execution, "{event}");
+                    let stream = self.stream_or_create(execution, ts, staged);
+                    let frame = Frame {
+                        ts_micros: ts,
+                        kind: FrameKind::Event,
+                        payload: Bytes::from(event),
+                    };
+                    put_new_frame(txn, execution, stream, frame, staged)?;
+                }
+                Some(resume)
+            }
+            false => None,
+        };
+        Ok(Ok(Outcome::Recorded(Recorded {
+            last_seq: self.last_seq(execution),
+            resume,
+        })))
+    }
+
+    /// The stream's last seq as this batch has it so far (0 for none).
+    fn last_seq(&self, stream: &str) -> u64 {
+        self.state
             .streams
-            .get(execution)
-            .map_or(0, |s| s.meta.last_seq);
-        Ok(Ok(Outcome::Recorded(last_seq)))
+            .get(stream)
+            .map_or(0, |s| s.meta.last_seq)
+    }
+
+    /// What a new attempt of `execution` resumes from, read in `txn`: the
+    /// newest checkpoint whose checksum matches. Invalid newer ones are
+    /// skipped and logged.
+    fn resume_point(&self, txn: &WriteTxn<'_>, execution: &str) -> Result<Resume> {
+        let mut any = false;
+        let mut found = None;
+        txn.visit_checkpoints(execution, |id, record| {
+            any = true;
+            let inspected = checkpoint::inspect(id, record);
+            if inspected.meta.valid {
+                found = Some(inspected.meta);
+                return false;
+            }
+            checkpoint::warn_invalid(execution, id);
+            true
+        })?;
+        Ok(match found {
+            Some(meta) => Resume::From {
+                checkpoint: meta.id,
+                seq: meta.seq,
+                through: self.last_seq(execution),
+            },
+            None if any => Resume::NoValid,
+            None => Resume::Fresh,
+        })
+    }
+
+    /// Stores a checkpoint with the stream's last seq and deletes those
+    /// beyond the newest `checkpoint_keep`.
+    fn apply_checkpoint(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        save: &CheckpointSave,
+        ts: u64,
+        staged: &mut Staged,
+    ) -> Result<Result<Outcome>> {
+        let execution = save.execution.as_str();
+        let limit = self.opts.max_checkpoint_bytes;
+        if save.data.len() > limit {
+            return Ok(Err(checkpoint::too_large(
+                "checkpoint",
+                save.data.len(),
+                limit,
+            )));
+        }
+        if !txn.has_execution(execution)? {
+            return Ok(Err(Error::ExecutionNotFound(execution.to_owned())));
+        }
+        // Ids only grow: the newest checkpoint is never deleted, so the
+        // next id is always above every id ever given.
+        let id = txn.newest_checkpoint_id(execution)?.map_or(1, |n| n + 1);
+        let seq = self.last_seq(execution);
+        let record = checkpoint::encode_record(save.schema_version, ts, seq, &save.data)?;
+        txn.put_checkpoint(execution, id, &record)?;
+        let keep = self.opts.checkpoint_keep.max(1) as u64;
+        if id > keep {
+            txn.delete_checkpoints_before(execution, id + 1 - keep)?;
+        }
+        let meta = CheckpointMeta {
+            id,
+            seq,
+            schema_version: save.schema_version,
+            size: save.data.len() as u64,
+            created_micros: ts,
+            valid: true,
+        };
+        staged
+            .checkpoints
+            .push((execution.to_owned(), checkpoint::reference(&meta)));
+        Ok(Ok(Outcome::Checkpoint(meta)))
+    }
+
+    /// Records a durable step's result unless one is recorded already: the
+    /// first result is the one every later attempt gets back.
+    fn apply_step(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        execution: &str,
+        step: &str,
+        result: &Bytes,
+    ) -> Result<Result<Outcome>> {
+        let limit = self.opts.max_checkpoint_bytes;
+        if result.len() > limit {
+            return Ok(Err(checkpoint::too_large(
+                "step result",
+                result.len(),
+                limit,
+            )));
+        }
+        if !txn.has_execution(execution)? {
+            return Ok(Err(Error::ExecutionNotFound(execution.to_owned())));
+        }
+        if let Some(kept) = txn.step(execution, step)? {
+            return Ok(Ok(Outcome::Step(Bytes::from(kept))));
+        }
+        txn.put_step(execution, step, result)?;
+        Ok(Ok(Outcome::Step(result.clone())))
     }
 
     fn stream_or_create(&mut self, name: &str, ts: u64, staged: &mut Staged) -> &mut StreamState {
@@ -1060,6 +1346,12 @@ impl Writer {
             });
         }
         self.hub.publish(updates);
+        if !staged.checkpoints.is_empty() {
+            let mut refs = lock(&self.checkpoint_refs);
+            for (execution, reference) in staged.checkpoints {
+                refs.insert(execution, reference);
+            }
+        }
         for name in over_limit {
             self.mark_dirty(&name);
         }
@@ -1204,6 +1496,20 @@ impl Writer {
             cutoff,
         }))
     }
+}
+
+/// The newest valid checkpoint of every execution that has one; invalid
+/// newer ones are logged.
+fn newest_valid_checkpoints(store: &Store) -> Result<HashMap<String, CheckpointRef>> {
+    let found = store.find_checkpoints_of_all(|execution, id, record| {
+        let inspected = checkpoint::inspect(id, record);
+        if !inspected.meta.valid {
+            checkpoint::warn_invalid(execution, id);
+            return None;
+        }
+        Some(checkpoint::reference(&inspected.meta))
+    })?;
+    Ok(found.into_iter().collect())
 }
 
 /// Stores `frame` as the next seq of `stream` (named `name`), updates the

@@ -27,10 +27,21 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// replaced; one that a live daemon still accepts on is an error, because
 /// the caller holds only its own state directory's lock, not the socket's.
 pub fn bind(path: &Path) -> Result<UnixListener> {
+    bind_with(path, crate::config::DEFAULT_SOCKET_MODE, None)
+}
+
+/// [`bind`] with the socket's permission bits and group. When the mode lets
+/// the group in, a parent directory created here lets it through as well
+/// (0710), and gets the group too.
+pub fn bind_with(path: &Path, mode: u32, group: Option<&str>) -> Result<UnixListener> {
+    let gid = group.map(resolve_group).transpose()?;
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        let group_may_enter = mode & 0o060 != 0;
+        let dir_mode = if group_may_enter { 0o710 } else { 0o700 };
+        let existed = parent.exists();
         std::fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o700)
+            .mode(dir_mode)
             .create(parent)
             .map_err(|e| {
                 Error::io(
@@ -38,6 +49,9 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
                     e,
                 )
             })?;
+        if let (false, true, Some(gid)) = (existed, group_may_enter, gid) {
+            chown_group(parent, gid)?;
+        }
     }
     match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => {
@@ -62,9 +76,42 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
     }
     let listener = UnixListener::bind(path)
         .map_err(|e| Error::io(format!("cannot bind socket {}", path.display()), e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(|e| Error::io(format!("cannot set mode of socket {}", path.display()), e))?;
+    if let Some(gid) = gid {
+        chown_group(path, gid)?;
+    }
     Ok(listener)
+}
+
+/// Gives `path` the group `gid`, keeping its owner.
+fn chown_group(path: &Path, gid: u32) -> Result<()> {
+    std::os::unix::fs::chown(path, None, Some(gid))
+        .map_err(|e| Error::io(format!("cannot give {} the group {gid}", path.display()), e))
+}
+
+/// A group name or numeric gid as a gid. Names are looked up in
+/// `/etc/group`; groups known only to other name services need their gid.
+fn resolve_group(group: &str) -> Result<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group")
+        .map_err(|e| Error::io("cannot read /etc/group to find the socket group", e))?;
+    groups
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let gid = fields.nth(1)?.parse::<u32>().ok()?;
+            (name == group).then_some(gid)
+        })
+        .next()
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "socket.group: no group {group:?} in /etc/group (give its numeric gid instead)"
+            ))
+        })
 }
 
 /// Accepts connections until `shutdown` is cancelled, then waits (bounded)

@@ -4,7 +4,8 @@
 //! nothing async runs in a signal handler) and turned into a cancellation
 //! of the daemon's [`CancellationToken`]. Every task watches that token; the
 //! server's task tracker then waits for the tasks, and `run` finishes the
-//! commit in flight before it returns.
+//! commit in flight before it returns. SIGHUP instead asks for the config
+//! to be read again.
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -13,8 +14,20 @@ use tokio_util::sync::CancellationToken;
 use crate::{Error, Result};
 
 /// Starts the signal thread: SIGTERM and SIGINT cancel `token`; SIGHUP is
-/// logged (there is no config file to reload yet).
+/// logged and otherwise ignored (see [`install_with_reload`]).
 pub fn install_signal_handlers(token: CancellationToken) -> Result<()> {
+    install_with_reload(token, || {
+        tracing::info!("SIGHUP received: no config to reload");
+    })
+}
+
+/// Starts the signal thread: SIGTERM and SIGINT cancel `token`; SIGHUP calls
+/// `reload` on that thread, one reload at a time. A second SIGTERM or
+/// SIGINT while shutting down changes nothing: shutdown is already bounded.
+pub fn install_with_reload(
+    token: CancellationToken,
+    mut reload: impl FnMut() + Send + 'static,
+) -> Result<()> {
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
         .map_err(|e| Error::io("cannot install signal handlers", e))?;
     std::thread::Builder::new()
@@ -22,7 +35,10 @@ pub fn install_signal_handlers(token: CancellationToken) -> Result<()> {
         .spawn(move || {
             for signal in signals.forever() {
                 match signal {
-                    SIGHUP => tracing::info!("SIGHUP received: nothing to reload"),
+                    SIGHUP => {
+                        tracing::info!("SIGHUP received: reloading the config");
+                        reload();
+                    }
                     _ => {
                         let name = if signal == SIGTERM {
                             "SIGTERM"

@@ -15,6 +15,8 @@
 //! | `consumers` | (stream id, consumer) | acked_through |
 //! | `meta` | key | u64 (schema version, next stream id) |
 //! | `executions` | execution id | encoded manifest (the supervisor's format) |
+//! | `checkpoints` | (execution id, checkpoint id) | a [`Record`](crate::checkpoint::Record) |
+//! | `steps` | (execution id, step name) | the step's recorded result |
 //!
 //! A stream's metadata, its frames, its producers' dedupe state and its
 //! consumers' acks change in the same write transaction, so after any crash
@@ -65,6 +67,8 @@ const PRODUCERS: TableDefinition<'_, (u64, &str), (u64, u64)> = TableDefinition:
 const CONSUMERS: TableDefinition<'_, (u64, &str), u64> = TableDefinition::new("consumers");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 const EXECUTIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("executions");
+const CHECKPOINTS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("checkpoints");
+const STEPS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("steps");
 
 const META_SCHEMA_VERSION: &str = "schema_version";
 const META_NEXT_STREAM_ID: &str = "next_stream_id";
@@ -214,6 +218,8 @@ impl Store {
             // Added after version 1 without a version bump: a version 1
             // file simply gets the empty table, and older builds ignore it.
             txn.open_table(EXECUTIONS).map_err(storage)?;
+            txn.open_table(CHECKPOINTS).map_err(storage)?;
+            txn.open_table(STEPS).map_err(storage)?;
             let mut meta = txn.open_table(META).map_err(storage)?;
             let version = meta
                 .get(META_SCHEMA_VERSION)
@@ -480,6 +486,119 @@ impl Store {
         Ok(out)
     }
 
+    /// Every stored checkpoint of an execution as `map` makes it from
+    /// (id, record), newest first. An unknown execution is
+    /// [`Error::ExecutionNotFound`].
+    pub fn map_checkpoints<T>(
+        &self,
+        execution: &str,
+        map: impl Fn(u64, &[u8]) -> T,
+    ) -> Result<Vec<T>> {
+        self.reading(|| {
+            let mut out = Vec::new();
+            self.scan_checkpoints(execution, |id, record| {
+                out.push(map(id, record));
+                true
+            })?;
+            Ok(out)
+        })
+    }
+
+    /// The first of an execution's checkpoints, newest first, that `pick`
+    /// turns into a value. An unknown execution is
+    /// [`Error::ExecutionNotFound`].
+    pub fn find_checkpoint<T>(
+        &self,
+        execution: &str,
+        pick: impl Fn(u64, &[u8]) -> Option<T>,
+    ) -> Result<Option<T>> {
+        self.reading(|| {
+            let mut found = None;
+            self.scan_checkpoints(execution, |id, record| {
+                found = pick(id, record);
+                found.is_none()
+            })?;
+            Ok(found)
+        })
+    }
+
+    fn scan_checkpoints(
+        &self,
+        execution: &str,
+        visit: impl FnMut(u64, &[u8]) -> bool,
+    ) -> Result<()> {
+        let guard = self.handle()?;
+        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+        let known = txn
+            .open_table(EXECUTIONS)
+            .map_err(|e| self.fail(e))?
+            .get(execution)
+            .map_err(|e| self.fail(e))?
+            .is_some();
+        if !known {
+            return Err(Error::ExecutionNotFound(execution.to_owned()));
+        }
+        let table = txn.open_table(CHECKPOINTS).map_err(|e| self.fail(e))?;
+        scan_newest_first(&table, execution, visit).map_err(|e| self.fail(e))
+    }
+
+    /// For every execution with checkpoints, the first of them, newest
+    /// first, that `pick` turns into a value; in execution id order.
+    pub fn find_checkpoints_of_all<T>(
+        &self,
+        pick: impl Fn(&str, u64, &[u8]) -> Option<T>,
+    ) -> Result<Vec<(String, T)>> {
+        self.reading(|| {
+            let guard = self.handle()?;
+            let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+            let checkpoints = txn.open_table(CHECKPOINTS).map_err(|e| self.fail(e))?;
+            let mut out = Vec::new();
+            for item in txn
+                .open_table(EXECUTIONS)
+                .map_err(|e| self.fail(e))?
+                .iter()
+                .map_err(|e| self.fail(e))?
+            {
+                let (id, _) = item.map_err(|e| self.fail(e))?;
+                let execution = id.value();
+                let mut found = None;
+                scan_newest_first(&checkpoints, execution, |cid, record| {
+                    found = pick(execution, cid, record);
+                    found.is_none()
+                })
+                .map_err(|e| self.fail(e))?;
+                if let Some(value) = found {
+                    out.push((execution.to_owned(), value));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// The recorded result of a durable step. An unknown execution is
+    /// [`Error::ExecutionNotFound`].
+    pub fn step(&self, execution: &str, step: &str) -> Result<Option<Vec<u8>>> {
+        self.reading(|| {
+            let guard = self.handle()?;
+            let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+            let known = txn
+                .open_table(EXECUTIONS)
+                .map_err(|e| self.fail(e))?
+                .get(execution)
+                .map_err(|e| self.fail(e))?
+                .is_some();
+            if !known {
+                return Err(Error::ExecutionNotFound(execution.to_owned()));
+            }
+            let value = txn
+                .open_table(STEPS)
+                .map_err(|e| self.fail(e))?
+                .get((execution, step))
+                .map_err(|e| self.fail(e))?;
+            Ok(value.map(|v| v.value().to_vec()))
+        })
+    }
+
     /// One row per stream, with its consumers, in name order.
     pub fn list_streams(&self) -> Result<Vec<StreamInfo>> {
         self.reading(|| self.list_streams_once())
@@ -530,6 +649,8 @@ pub struct WriteTxn<'t> {
     consumers: Table<'t, (u64, &'static str), u64>,
     meta: Table<'t, &'static str, u64>,
     executions: Table<'t, &'static str, &'static [u8]>,
+    checkpoints: Table<'t, (&'static str, u64), &'static [u8]>,
+    steps: Table<'t, (&'static str, &'static str), &'static [u8]>,
     /// Reused encoding buffer, so that appending a frame does not allocate.
     scratch: Vec<u8>,
 }
@@ -593,6 +714,62 @@ impl WriteTxn<'_> {
     pub fn put_execution(&mut self, id: &str, manifest: &[u8]) -> Result<()> {
         self.executions
             .insert(id, manifest)
+            .map(drop)
+            .map_err(storage)
+    }
+
+    /// Whether an execution's manifest is stored, as this transaction sees it.
+    pub fn has_execution(&self, id: &str) -> Result<bool> {
+        Ok(self.executions.get(id).map_err(storage)?.is_some())
+    }
+
+    /// The id of an execution's newest stored checkpoint.
+    pub fn newest_checkpoint_id(&self, execution: &str) -> Result<Option<u64>> {
+        let mut newest = None;
+        scan_newest_first(&self.checkpoints, execution, |id, _| {
+            newest = Some(id);
+            false
+        })
+        .map_err(storage)?;
+        Ok(newest)
+    }
+
+    /// Stores checkpoint `id` of an execution (an encoded
+    /// [`Record`](crate::checkpoint::Record)).
+    pub fn put_checkpoint(&mut self, execution: &str, id: u64, record: &[u8]) -> Result<()> {
+        self.checkpoints
+            .insert((execution, id), record)
+            .map(drop)
+            .map_err(storage)
+    }
+
+    /// Deletes an execution's checkpoints with ids below `first_kept`.
+    pub fn delete_checkpoints_before(&mut self, execution: &str, first_kept: u64) -> Result<()> {
+        self.checkpoints
+            .retain_in((execution, 0)..(execution, first_kept), |_, _| false)
+            .map_err(storage)
+    }
+
+    /// Shows `visit` an execution's stored checkpoints as (id, record),
+    /// newest first, until it returns false.
+    pub fn visit_checkpoints(
+        &self,
+        execution: &str,
+        visit: impl FnMut(u64, &[u8]) -> bool,
+    ) -> Result<()> {
+        scan_newest_first(&self.checkpoints, execution, visit).map_err(storage)
+    }
+
+    /// The recorded result of a durable step.
+    pub fn step(&self, execution: &str, step: &str) -> Result<Option<Vec<u8>>> {
+        let value = self.steps.get((execution, step)).map_err(storage)?;
+        Ok(value.map(|v| v.value().to_vec()))
+    }
+
+    /// Records the result of a durable step.
+    pub fn put_step(&mut self, execution: &str, step: &str, result: &[u8]) -> Result<()> {
+        self.steps
+            .insert((execution, step), result)
             .map(drop)
             .map_err(storage)
     }
@@ -668,6 +845,8 @@ fn write_in<T>(db: &Database, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) ->
             consumers: txn.open_table(CONSUMERS).map_err(storage)?,
             meta: txn.open_table(META).map_err(storage)?,
             executions: txn.open_table(EXECUTIONS).map_err(storage)?,
+            checkpoints: txn.open_table(CHECKPOINTS).map_err(storage)?,
+            steps: txn.open_table(STEPS).map_err(storage)?,
             scratch: Vec::new(),
         };
         f(&mut tables)
@@ -687,6 +866,55 @@ fn write_in<T>(db: &Database, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) ->
 
 fn commit(txn: WriteTransaction) -> Result<()> {
     txn.commit().map_err(storage)
+}
+
+/// Shows `visit` the checkpoints of `execution` in `table` as (id, record),
+/// newest first, until it returns false.
+fn scan_newest_first(
+    table: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+    execution: &str,
+    mut visit: impl FnMut(u64, &[u8]) -> bool,
+) -> std::result::Result<(), redb::StorageError> {
+    for item in table.range((execution, 0)..=(execution, u64::MAX))?.rev() {
+        let (key, value) = item?;
+        if !visit(key.value().1, value.value()) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Damages checkpoint `id` of `execution` in the store file at `path`: one
+/// byte of its stored data is flipped and its checksum left as it was, so
+/// that it must be found invalid. The file must not be open in a running
+/// daemon. For tests of corruption handling only.
+#[doc(hidden)]
+pub fn corrupt_checkpoint_for_tests(path: &Path, execution: &str, id: u64) -> Result<()> {
+    let db = Database::create(path).map_err(storage)?;
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut table = txn.open_table(CHECKPOINTS).map_err(storage)?;
+        let mut record = table
+            .get((execution, id))
+            .map_err(storage)?
+            .map(|v| v.value().to_vec())
+            .ok_or_else(|| {
+                Error::InvalidRequest(format!(
+                    "no checkpoint {id} of {execution} in {}",
+                    path.display()
+                ))
+            })?;
+        // The data is the record's tail (see `checkpoint::Record`); with no
+        // data the flipped byte is its length, which breaks decoding.
+        if let Some(last) = record.last_mut() {
+            *last ^= 0xFF;
+        }
+        table
+            .insert((execution, id), record.as_slice())
+            .map_err(storage)?;
+    }
+    commit(txn)?;
+    db.close().map_err(storage)
 }
 
 fn guard_db<'g>(guard: &'g RwLockReadGuard<'_, Option<Database>>) -> Result<&'g Database> {

@@ -95,8 +95,8 @@ impl Inner {
             command: m.spec.command.clone(),
             cwd: m.spec.cwd.clone(),
             env: m.spec.env.clone(),
-            // Checkpoints are not kept yet, so no attempt resumes from one.
-            resumed: false,
+            // Decided when this attempt's start was committed.
+            resumed: exec.resumed,
             max_line: self.settings.max_line,
         };
         let (id, attempt) = (m.id.clone(), m.attempt);

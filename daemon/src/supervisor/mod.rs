@@ -145,6 +145,9 @@ struct Execution {
     worker: Option<Arc<Pidfd>>,
     /// The backoff or stop timer, aborted when replaced or dropped.
     timer: Option<AbortOnDropHandle<()>>,
+    /// Whether the current attempt resumes from a checkpoint, as decided
+    /// in the commit that started it (handed to its shim).
+    resumed: bool,
 }
 
 /// A manifest change under construction: the next manifest and the
@@ -153,6 +156,9 @@ struct Execution {
 struct Change {
     next: Manifest,
     events: Vec<String>,
+    /// The change starts an attempt after the first: its commit also looks
+    /// up the checkpoint the attempt resumes from.
+    resume: bool,
 }
 
 impl Change {
@@ -160,6 +166,7 @@ impl Change {
         Self {
             next: manifest.clone(),
             events: Vec::new(),
+            resume: false,
         }
     }
 
@@ -202,6 +209,7 @@ impl Change {
             self.next.restarts = self.next.restarts.saturating_add(1);
         }
         self.next.attempt = attempt;
+        self.resume = attempt > 1;
         self.next.shim = None;
         self.next.worker = None;
         self.next.next_attempt_micros = None;
@@ -375,7 +383,9 @@ impl Inner {
             .queue
             .stream_range(&manifest.id)
             .map_or(0, |(_, last)| last);
-        manifest.info(last_seq)
+        let mut info = manifest.info(last_seq);
+        info.last_checkpoint = self.queue.last_checkpoint(&manifest.id);
+        info
     }
 
     /// Runs `work` in a task of its own, so that a caller that goes away
@@ -407,9 +417,17 @@ impl Inner {
                 String::from_utf8_lossy(event)
             );
         }
-        self.queue
-            .record_execution(&change.next.id, bytes, events)
-            .await?;
+        if change.resume {
+            let (_, resume) = self
+                .queue
+                .record_attempt_start(&change.next.id, bytes, events)
+                .await?;
+            exec.resumed = resume.resumed();
+        } else {
+            self.queue
+                .record_execution(&change.next.id, bytes, events)
+                .await?;
+        }
         exec.manifest = change.next;
         if state::is_final(exec.manifest.state) {
             exec.timer = None;
@@ -494,6 +512,7 @@ fn new_slot(
             shim,
             worker,
             timer: None,
+            resumed: false,
         })),
         committed,
     })

@@ -1,0 +1,212 @@
+//! `checkpoint-latency`: how long a checkpoint save takes, from the request
+//! leaving the client to the durable `CheckpointSaved`, against a `tetherd`
+//! it starts. Prints p50/p99 per snapshot size.
+//!
+//! The daemon gets a stand-in shim that only sleeps, so the execution the
+//! checkpoints belong to exists but runs nothing.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use futures_util::{SinkExt, StreamExt};
+use tether_protocol::{
+    Capabilities, CheckpointSave, ClientCodec, Hello, Request, Response, RestartPolicy, RunSpec,
+    PROTOCOL_VERSION,
+};
+use tokio::net::UnixStream;
+use tokio_util::codec::Framed;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Conn = Framed<UnixStream, ClientCodec>;
+
+/// Checkpoint save latency against a fresh tetherd.
+#[derive(Debug, Parser)]
+#[command(name = "checkpoint-latency")]
+struct Args {
+    /// The tetherd binary [default: next to this one].
+    #[arg(long, value_name = "PATH")]
+    tetherd: Option<PathBuf>,
+    /// Saves per size (the first tenth are warm-up and not counted).
+    #[arg(long, default_value_t = 200)]
+    samples: usize,
+    /// Snapshot sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 1024 * 1024])]
+    sizes: Vec<usize>,
+    /// Directory for the daemon's state [default: a temporary directory].
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+}
+
+/// Stand-in shim: it neither reads its spec nor starts a worker.
+const IDLE_SHIM: &str = "#!/bin/sh\nexec sleep 60\n";
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("checkpoint-latency: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bench(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("checkpoint-latency: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Kills the daemon when the run ends, however it ends.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn bench(args: Args) -> Result<(), BoxError> {
+    let tetherd = match &args.tetherd {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .ok_or("this executable has no directory")?
+            .join("tetherd"),
+    };
+    let temp = match &args.dir {
+        Some(dir) => tempfile::tempdir_in(dir)?,
+        None => tempfile::tempdir()?,
+    };
+    let dir = temp.path();
+    let shim = dir.join("idle-shim");
+    std::fs::write(&shim, IDLE_SHIM)?;
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))?;
+    let socket = dir.join("s.sock");
+    let _daemon = Daemon(
+        Command::new(&tetherd)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--shim")
+            .arg(&shim)
+            .env("TETHER_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", tetherd.display()))?,
+    );
+    let mut conn = connect(&socket, Duration::from_secs(10)).await?;
+    let execution = match call(&mut conn, Request::Run(idle_run(&shim))).await? {
+        Response::Started { execution } => execution,
+        other => return Err(format!("expected Started, got {other:?}").into()),
+    };
+    println!("size_bytes\tsamples\tp50_ms\tp99_ms\tmax_ms");
+    for &size in &args.sizes {
+        let mut times = measure(&mut conn, &execution, size, args.samples).await?;
+        times.sort_by(f64::total_cmp);
+        println!(
+            "{size}\t{}\t{:.3}\t{:.3}\t{:.3}",
+            times.len(),
+            percentile(&times, 0.50),
+            percentile(&times, 0.99),
+            times.last().copied().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
+
+fn idle_run(shim: &Path) -> RunSpec {
+    RunSpec {
+        name: Some("bench".into()),
+        command: vec![shim.display().to_string()],
+        cwd: None,
+        env: Vec::new(),
+        restart: RestartPolicy::Never,
+        max_restarts: None,
+        deadline_ms: None,
+    }
+}
+
+/// Milliseconds per save, warm-up excluded.
+async fn measure(
+    conn: &mut Conn,
+    execution: &str,
+    size: usize,
+    samples: usize,
+) -> Result<Vec<f64>, BoxError> {
+    let warmup = samples / 10;
+    let mut times = Vec::with_capacity(samples);
+    for i in 0..samples + warmup {
+        // Different bytes each time, so nothing can be skipped as unchanged.
+        let data = Bytes::from(vec![(i % 251) as u8; size]);
+        let request = Request::CheckpointSave(CheckpointSave {
+            execution: execution.to_owned(),
+            schema_version: 1,
+            data,
+        });
+        let started = Instant::now();
+        match call(conn, request).await? {
+            Response::CheckpointSaved(_) => {}
+            other => return Err(format!("expected CheckpointSaved, got {other:?}").into()),
+        }
+        if i >= warmup {
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(times)
+}
+
+/// The nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+async fn call(conn: &mut Conn, request: Request) -> Result<Response, BoxError> {
+    conn.send(request).await?;
+    match conn.next().await {
+        Some(Ok(Response::Error(e))) => {
+            Err(format!("daemon error {}: {}", e.code, e.message).into())
+        }
+        Some(Ok(r)) => Ok(r),
+        Some(Err(e)) => Err(e.into()),
+        None => Err("daemon closed the connection".into()),
+    }
+}
+
+/// Connects and says Hello, retrying until the daemon is up or `patience` ends.
+async fn connect(socket: &Path, patience: Duration) -> Result<Conn, BoxError> {
+    let deadline = Instant::now() + patience;
+    let stream = loop {
+        match UnixStream::connect(socket).await {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!("cannot connect to {}: {e}", socket.display()).into())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let mut conn = Framed::new(stream, ClientCodec::new());
+    let hello = Request::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        capabilities: Capabilities::NONE,
+        client: "checkpoint-latency".into(),
+    });
+    match call(&mut conn, hello).await? {
+        Response::HelloOk(_) => Ok(conn),
+        other => Err(format!("expected HelloOk, got {other:?}").into()),
+    }
+}

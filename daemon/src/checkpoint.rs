@@ -1,0 +1,368 @@
+//! Checkpoints: the stored record, its checksum, and what a new attempt
+//! resumes from.
+//!
+//! A checkpoint is kept in the store's `checkpoints` table under
+//! (execution, id) as one postcard [`Record`]. Ids increase per execution;
+//! the writer thread assigns them, and in the same write transaction reads
+//! the execution stream's last seq into the record and deletes the
+//! checkpoints beyond the newest N. Durable steps live in the `steps`
+//! table beside them; their values are the worker's bytes as given.
+//!
+//! Every record carries a CRC-32 over its header fields and its data. A
+//! record whose checksum does not match (or that does not decode at all) is
+//! *invalid*: it is listed with `valid: false`, skipped with a warning when
+//! loading, and never handed to a worker. Loading and resuming both use the
+//! newest valid checkpoint.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tether_protocol::{Checkpoint, CheckpointMeta, CheckpointRef};
+
+use crate::{Error, Result};
+
+/// The CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) lookup table,
+/// built at compile time.
+const CRC_TABLE: [u32; 256] = crc_table();
+
+const fn crc_table() -> [u32; 256] {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = i as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+}
+
+/// A running CRC-32 (IEEE), so that a header and a payload stored apart
+/// can be checked without copying them together.
+#[derive(Clone, Copy, Debug)]
+pub struct Crc32(u32);
+
+impl Default for Crc32 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Crc32 {
+    /// A CRC over nothing yet.
+    pub const fn new() -> Self {
+        Self(0xFFFF_FFFF)
+    }
+
+    /// Feeds `bytes`.
+    #[must_use]
+    pub fn update(mut self, bytes: &[u8]) -> Self {
+        for &b in bytes {
+            self.0 = CRC_TABLE[((self.0 ^ u32::from(b)) & 0xFF) as usize] ^ (self.0 >> 8);
+        }
+        self
+    }
+
+    /// The CRC of everything fed.
+    pub fn finish(self) -> u32 {
+        !self.0
+    }
+}
+
+/// The CRC-32 (IEEE) of `bytes`.
+pub fn crc32(bytes: &[u8]) -> u32 {
+    Crc32::new().update(bytes).finish()
+}
+
+/// A stored checkpoint, borrowing its data from the page it was read from.
+///
+/// Postcard is not self-describing: the field order is the on-disk format.
+/// A byte slice and a `Bytes` are both written as a varint length and the
+/// bytes, so [`encode_record`] and [`decode_record`] agree.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// The worker's own version of the data's format.
+    pub schema_version: u32,
+    /// [`record_checksum`] of the other fields.
+    pub checksum: u32,
+    /// When the checkpoint was committed, microseconds since the Unix epoch.
+    pub created_micros: u64,
+    /// The execution stream's last seq when the checkpoint was committed.
+    pub seq: u64,
+    #[serde(borrow, serialize_with = "as_byte_string")]
+    pub data: &'a [u8],
+}
+
+/// Writes a slice as one byte string (a length and a copy) rather than as
+/// a sequence of separately encoded bytes; the encoding is the same.
+fn as_byte_string<S: serde::Serializer>(data: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bytes(data)
+}
+
+/// The checksum a record stores: CRC-32 over the header fields (little
+/// endian) and the data, so that a damaged header is caught as well as
+/// damaged data.
+pub fn record_checksum(schema_version: u32, created_micros: u64, seq: u64, data: &[u8]) -> u32 {
+    Crc32::new()
+        .update(&schema_version.to_le_bytes())
+        .update(&created_micros.to_le_bytes())
+        .update(&seq.to_le_bytes())
+        .update(data)
+        .finish()
+}
+
+/// The stored form of a new checkpoint, with its checksum.
+pub fn encode_record(
+    schema_version: u32,
+    created_micros: u64,
+    seq: u64,
+    data: &[u8],
+) -> Result<Vec<u8>> {
+    let record = Record {
+        schema_version,
+        checksum: record_checksum(schema_version, created_micros, seq, data),
+        created_micros,
+        seq,
+        data,
+    };
+    // Room for the header's varints, so that the data is copied once.
+    let buf = Vec::with_capacity(data.len() + 32);
+    postcard::to_extend(&record, buf)
+        .map_err(|e| Error::Storage(format!("cannot encode a checkpoint: {e}")))
+}
+
+/// Decodes a stored record; `None` when it does not even decode.
+pub fn decode_record(bytes: &[u8]) -> Option<Record<'_>> {
+    postcard::from_bytes(bytes).ok()
+}
+
+/// What one stored record is: its listing, and its data when it is valid.
+#[derive(Debug)]
+pub struct Inspected<'a> {
+    pub meta: CheckpointMeta,
+    /// `Some` exactly when `meta.valid`.
+    pub data: Option<&'a [u8]>,
+}
+
+/// Looks at the record stored as checkpoint `id`. A record that does not
+/// decode is listed with its raw size and zeros for what cannot be read.
+pub fn inspect(id: u64, bytes: &[u8]) -> Inspected<'_> {
+    let Some(record) = decode_record(bytes) else {
+        return Inspected {
+            meta: CheckpointMeta {
+                id,
+                seq: 0,
+                schema_version: 0,
+                size: bytes.len() as u64,
+                created_micros: 0,
+                valid: false,
+            },
+            data: None,
+        };
+    };
+    let valid = record.checksum
+        == record_checksum(
+            record.schema_version,
+            record.created_micros,
+            record.seq,
+            record.data,
+        );
+    Inspected {
+        meta: CheckpointMeta {
+            id,
+            seq: record.seq,
+            schema_version: record.schema_version,
+            size: record.data.len() as u64,
+            created_micros: record.created_micros,
+            valid,
+        },
+        data: valid.then_some(record.data),
+    }
+}
+
+/// Logs a checkpoint that is skipped because it is invalid.
+pub fn warn_invalid(execution: &str, id: u64) {
+    tracing::warn!(
+        execution,
+        "checkpoint {id} of {execution} fails its checksum; skipping it for an older one"
+    );
+}
+
+/// The checkpoint to hand out for the record stored as `id`, when it is
+/// valid; an invalid one is logged.
+pub fn loadable(execution: &str, id: u64, bytes: &[u8]) -> Option<Checkpoint> {
+    let inspected = inspect(id, bytes);
+    match inspected.data {
+        Some(data) => Some(Checkpoint {
+            data: Bytes::copy_from_slice(data),
+            meta: inspected.meta,
+        }),
+        None => {
+            warn_invalid(execution, id);
+            None
+        }
+    }
+}
+
+/// What `ps` shows of a valid checkpoint.
+pub fn reference(meta: &CheckpointMeta) -> CheckpointRef {
+    CheckpointRef {
+        seq: meta.seq,
+        created_micros: meta.created_micros,
+    }
+}
+
+/// The refusal of a checkpoint (or step result) over the size limit.
+pub fn too_large(what: &str, size: usize, limit: usize) -> Error {
+    Error::InvalidRequest(format!(
+        "{what} of {size} bytes exceeds the limit of {limit} bytes"
+    ))
+}
+
+/// Longest durable step name accepted, in bytes.
+pub const MAX_STEP_NAME: usize = 1024;
+
+/// Checks a durable step's name: 1 to [`MAX_STEP_NAME`] bytes. Any text is
+/// allowed otherwise (it is only ever a key).
+pub fn validate_step_name(step: &str) -> Result<()> {
+    if step.is_empty() || step.len() > MAX_STEP_NAME {
+        return Err(Error::InvalidRequest(format!(
+            "step name of {} bytes: it must be 1 to {MAX_STEP_NAME} bytes",
+            step.len()
+        )));
+    }
+    Ok(())
+}
+
+/// What a new attempt of an execution resumes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// The execution has no checkpoint: the attempt starts fresh, and no
+    /// frame says so (nothing was lost).
+    Fresh,
+    /// Checkpoints exist but none is valid: the attempt starts fresh.
+    NoValid,
+    /// The attempt resumes from `checkpoint`, taken at stream seq `seq`;
+    /// frames `seq + 1 ..= through` came from the abandoned attempt (and the
+    /// lifecycle events since).
+    From {
+        checkpoint: u64,
+        seq: u64,
+        through: u64,
+    },
+}
+
+impl Resume {
+    /// Whether the worker is told it resumes (`TETHER_RESUMED=1`).
+    pub fn resumed(&self) -> bool {
+        matches!(self, Resume::From { .. })
+    }
+
+    /// The lifecycle frame announcing it, if any.
+    pub fn event(&self) -> Option<String> {
+        match self {
+            Resume::Fresh => None,
+            Resume::NoValid => Some("no valid checkpoint; starting fresh".to_owned()),
+            Resume::From {
+                checkpoint,
+                seq,
+                through,
+            } => Some(format!(
+                "resumed from checkpoint {checkpoint} (seq {seq}); frames {}..{through} came \
+                 from the abandoned attempt",
+                seq + 1
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn crc32_matches_the_standard_check_value() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+        assert_eq!(
+            Crc32::new().update(b"1234").update(b"56789").finish(),
+            0xCBF4_3926,
+            "feeding in pieces gives the same CRC"
+        );
+    }
+
+    #[test]
+    fn a_record_round_trips_and_is_valid() {
+        let bytes = encode_record(3, 1_700_000_000_000_000, 42, b"state").unwrap();
+        let record = decode_record(&bytes).unwrap();
+        assert_eq!(record.schema_version, 3);
+        assert_eq!(record.seq, 42);
+        assert_eq!(record.data, b"state");
+        let inspected = inspect(7, &bytes);
+        assert!(inspected.meta.valid);
+        assert_eq!(inspected.meta.id, 7);
+        assert_eq!(inspected.meta.size, 5);
+        assert_eq!(inspected.data, Some(&b"state"[..]));
+    }
+
+    #[test]
+    fn the_record_format_is_frozen() {
+        let bytes = encode_record(1, 2, 3, b"ab").unwrap();
+        let checksum = record_checksum(1, 2, 3, b"ab").to_le_bytes();
+        // schema 1, checksum as a varint, created 2, seq 3, len 2, "ab".
+        let mut expected = vec![1];
+        expected.extend(postcard::to_allocvec(&u32::from_le_bytes(checksum)).unwrap());
+        expected.extend([2, 3, 2, b'a', b'b']);
+        assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn a_flipped_byte_anywhere_makes_the_record_invalid() {
+        let bytes = encode_record(2, 99, 5, b"some checkpoint data").unwrap();
+        for i in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[i] ^= 0x01;
+            let inspected = inspect(1, &damaged);
+            assert!(!inspected.meta.valid, "byte {i} flipped went unnoticed");
+            assert_eq!(inspected.data, None);
+        }
+        assert!(loadable("x", 1, &bytes).is_some());
+        assert!(loadable("x", 1, &bytes[..bytes.len() - 1]).is_none());
+    }
+
+    #[test]
+    fn resume_events_name_the_checkpoint_and_the_abandoned_frames() {
+        let from = Resume::From {
+            checkpoint: 4,
+            seq: 17,
+            through: 23,
+        };
+        assert!(from.resumed());
+        assert_eq!(
+            from.event().unwrap(),
+            "resumed from checkpoint 4 (seq 17); frames 18..23 came from the abandoned attempt"
+        );
+        assert!(!Resume::NoValid.resumed());
+        assert_eq!(
+            Resume::NoValid.event().unwrap(),
+            "no valid checkpoint; starting fresh"
+        );
+        assert_eq!(Resume::Fresh.event(), None);
+    }
+
+    #[test]
+    fn step_names_are_bounded() {
+        assert!(validate_step_name("step 3: fetch").is_ok());
+        assert!(validate_step_name("").is_err());
+        assert!(validate_step_name(&"x".repeat(MAX_STEP_NAME + 1)).is_err());
+    }
+}

@@ -1,0 +1,541 @@
+//! The config file (`tetherd.toml`) and the `TETHER_*` environment
+//! overrides.
+//!
+//! Layers, later ones winning: built-in defaults, the file, the environment,
+//! command-line flags. Every key is checked when it is read: an unknown key
+//! or a bad value is an error that names the key (or the variable), so a
+//! typo never silently falls back to a default.
+//!
+//! Environment overrides: `TETHER_LOG`, `TETHER_MAX_FRAME_LEN`,
+//! `TETHER_MAX_CONNECTIONS`, `TETHER_SOCKET_MODE`, `TETHER_SOCKET_GROUP`,
+//! `TETHER_RETENTION_MAX_FRAMES`, `TETHER_RETENTION_MAX_BYTES`,
+//! `TETHER_RETENTION_MAX_AGE` (seconds) and `TETHER_MAX_RESTARTS`.
+//! `TETHER_CONFIG` names the file itself.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tether_protocol::paths::Env;
+
+use super::Config;
+use crate::{Error, Result};
+
+/// The config file's name inside the config directory.
+pub const FILE_NAME: &str = "tetherd.toml";
+
+/// The smallest accepted `max_frame_len`: a frame must at least hold a
+/// request envelope and a short payload.
+const MIN_FRAME_LEN: u64 = 1024;
+
+/// The largest accepted `max_frame_len`: the length prefix is a u32.
+const MAX_FRAME_LEN: u64 = u32::MAX as u64;
+
+/// Where the config file is read from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigSource {
+    /// The file.
+    pub path: PathBuf,
+    /// Named by `--config` or `TETHER_CONFIG`: then a missing file is an
+    /// error. The default file may be missing.
+    pub explicit: bool,
+}
+
+impl ConfigSource {
+    /// `flag` (from `--config` or `TETHER_CONFIG`) if given, else
+    /// `tetherd.toml` in [`config_dir`]. `None` when no directory is known.
+    pub fn resolve(flag: Option<PathBuf>, env: Env<'_>) -> Option<ConfigSource> {
+        if let Some(path) = flag {
+            return Some(ConfigSource {
+                path,
+                explicit: true,
+            });
+        }
+        config_dir(env).map(|dir| ConfigSource {
+            path: dir.join(FILE_NAME),
+            explicit: false,
+        })
+    }
+
+    /// Reads and checks the file. A missing default file is an empty
+    /// config; a missing explicit one is an error naming it.
+    pub fn load(&self) -> Result<FileConfig> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => FileConfig::parse(&text, &self.path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !self.explicit => {
+                Ok(FileConfig::default())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Config(format!(
+                "config file {} does not exist",
+                self.path.display()
+            ))),
+            Err(e) => Err(Error::io(
+                format!("cannot read config file {}", self.path.display()),
+                e,
+            )),
+        }
+    }
+}
+
+/// The config directory: `$CONFIGURATION_DIRECTORY` (systemd's
+/// `ConfigurationDirectory=`), else `/etc/tether` for root, else
+/// `$XDG_CONFIG_HOME/tether`, else `~/.config/tether`.
+pub fn config_dir(env: Env<'_>) -> Option<PathBuf> {
+    let get = |name: &str| (env.var)(name).filter(|v| !v.is_empty());
+    if let Some(dirs) = get("CONFIGURATION_DIRECTORY") {
+        // systemd may pass several colon-separated directories; ours is first.
+        let first = dirs.split(':').next().unwrap_or(&dirs).to_owned();
+        return Some(PathBuf::from(first));
+    }
+    if env.uid == 0 {
+        return Some(PathBuf::from("/etc/tether"));
+    }
+    if let Some(dir) = get("XDG_CONFIG_HOME") {
+        return Some(PathBuf::from(dir).join("tether"));
+    }
+    get("HOME").map(|home| PathBuf::from(home).join(".config/tether"))
+}
+
+/// The contents of `tetherd.toml`. Every key is optional; an absent key
+/// leaves the built-in default (or the flag) in force.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// The tracing filter, e.g. `"info"` or `"tetherd=debug,info"`.
+    pub log_level: Option<String>,
+    /// Largest accepted message in bytes.
+    pub max_frame_len: Option<u64>,
+    /// Connections served at once.
+    pub max_connections: Option<u64>,
+    /// The socket the daemon binds itself.
+    #[serde(default)]
+    pub socket: SocketSection,
+    /// Default per-stream retention limits.
+    #[serde(default)]
+    pub retention: RetentionSection,
+    /// Defaults for supervised runs.
+    #[serde(default)]
+    pub restart: RestartSection,
+}
+
+/// `[socket]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SocketSection {
+    /// Permission bits, written in octal: `mode = 0o660`.
+    pub mode: Option<u32>,
+    /// Group name or numeric gid given to the socket.
+    pub group: Option<String>,
+}
+
+/// `[retention]`; 0 means no limit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionSection {
+    /// Frames kept per stream.
+    pub max_frames: Option<u64>,
+    /// Payload bytes kept per stream.
+    pub max_bytes: Option<u64>,
+    /// Age of the oldest frame kept, in seconds.
+    pub max_age_secs: Option<u64>,
+}
+
+/// `[restart]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestartSection {
+    /// Restarts allowed to a run that does not pass `--max-restarts`.
+    pub max_restarts: Option<u32>,
+}
+
+impl FileConfig {
+    /// Parses and checks `text`; `path` only names the file in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<FileConfig> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| {
+            Error::Config(format!("{}: {}", path.display(), e.to_string().trim_end()))
+        })?;
+        file.check()
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        Ok(file)
+    }
+
+    /// Value checks that the types alone do not make.
+    fn check(&self) -> std::result::Result<(), String> {
+        if let Some(level) = &self.log_level {
+            check_log_level("log_level", level)?;
+        }
+        if let Some(n) = self.max_frame_len {
+            check_frame_len("max_frame_len", n)?;
+        }
+        if let Some(n) = self.max_connections {
+            check_connections("max_connections", n)?;
+        }
+        if let Some(mode) = self.socket.mode {
+            check_mode("socket.mode", mode)?;
+        }
+        if let Some(group) = &self.socket.group {
+            check_group("socket.group", group)?;
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Applies every key the file sets.
+    pub fn apply_file(&mut self, file: &FileConfig) {
+        if let Some(level) = &file.log_level {
+            self.log_level = level.clone();
+        }
+        if let Some(n) = file.max_frame_len {
+            self.max_frame_len = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = file.max_connections {
+            self.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(mode) = file.socket.mode {
+            self.socket_mode = mode;
+        }
+        if let Some(group) = &file.socket.group {
+            self.socket_group = Some(group.clone());
+        }
+        let r = &file.retention;
+        set_limit(&mut self.retention.max_frames, r.max_frames);
+        set_limit(&mut self.retention.max_bytes, r.max_bytes);
+        if let Some(secs) = r.max_age_secs {
+            self.retention.max_age = (secs > 0).then(|| Duration::from_secs(secs));
+        }
+        if let Some(n) = file.restart.max_restarts {
+            self.default_max_restarts = Some(n);
+        }
+    }
+
+    /// Applies the `TETHER_*` overrides that are set (see the module
+    /// documentation for the list). A bad value is an error naming the
+    /// variable.
+    pub fn apply_env(&mut self, env: Env<'_>) -> Result<()> {
+        let get = |name: &str| (env.var)(name).filter(|v| !v.is_empty());
+        let fail = |name: &str, msg: String| Error::Config(format!("${name}: {msg}"));
+        // The checks name the key they were given, here the variable.
+        let bad = |msg: String| Error::Config(format!("${msg}"));
+        if let Some(level) = get("TETHER_LOG") {
+            check_log_level("TETHER_LOG", &level).map_err(bad)?;
+            self.log_level = level;
+        }
+        if let Some(v) = get("TETHER_MAX_FRAME_LEN") {
+            let n = number("TETHER_MAX_FRAME_LEN", &v)?;
+            check_frame_len("TETHER_MAX_FRAME_LEN", n).map_err(bad)?;
+            self.max_frame_len = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = get("TETHER_MAX_CONNECTIONS") {
+            let n = number("TETHER_MAX_CONNECTIONS", &v)?;
+            check_connections("TETHER_MAX_CONNECTIONS", n).map_err(bad)?;
+            self.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = get("TETHER_SOCKET_MODE") {
+            let digits = v.trim_start_matches("0o");
+            let mode = u32::from_str_radix(digits, 8).map_err(|_| {
+                fail(
+                    "TETHER_SOCKET_MODE",
+                    format!("{v:?} is not an octal permission mode such as 660"),
+                )
+            })?;
+            check_mode("TETHER_SOCKET_MODE", mode).map_err(bad)?;
+            self.socket_mode = mode;
+        }
+        if let Some(group) = get("TETHER_SOCKET_GROUP") {
+            check_group("TETHER_SOCKET_GROUP", &group).map_err(bad)?;
+            self.socket_group = Some(group);
+        }
+        if let Some(v) = get("TETHER_RETENTION_MAX_FRAMES") {
+            let n = number("TETHER_RETENTION_MAX_FRAMES", &v)?;
+            set_limit(&mut self.retention.max_frames, Some(n));
+        }
+        if let Some(v) = get("TETHER_RETENTION_MAX_BYTES") {
+            let n = number("TETHER_RETENTION_MAX_BYTES", &v)?;
+            set_limit(&mut self.retention.max_bytes, Some(n));
+        }
+        if let Some(v) = get("TETHER_RETENTION_MAX_AGE") {
+            let secs = number("TETHER_RETENTION_MAX_AGE", &v)?;
+            self.retention.max_age = (secs > 0).then(|| Duration::from_secs(secs));
+        }
+        if let Some(v) = get("TETHER_MAX_RESTARTS") {
+            let n = number("TETHER_MAX_RESTARTS", &v)?;
+            let n = u32::try_from(n)
+                .map_err(|_| fail("TETHER_MAX_RESTARTS", format!("{n} is too large")))?;
+            self.default_max_restarts = Some(n);
+        }
+        Ok(())
+    }
+
+    /// The keys whose value differs between `self` (running) and `new` (just
+    /// reloaded) and that only take effect after a restart. Retention and
+    /// the log level are applied live and are not listed.
+    pub fn needs_restart(&self, new: &Config) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        let mut differs = |key: &'static str, changed: bool| {
+            if changed {
+                keys.push(key);
+            }
+        };
+        differs("socket path", self.socket != new.socket);
+        differs("state directory", self.state_dir != new.state_dir);
+        differs("max_frame_len", self.max_frame_len != new.max_frame_len);
+        differs(
+            "max_connections",
+            self.max_connections != new.max_connections,
+        );
+        differs("socket.mode", self.socket_mode != new.socket_mode);
+        differs("socket.group", self.socket_group != new.socket_group);
+        differs(
+            "restart.max_restarts",
+            self.default_max_restarts != new.default_max_restarts,
+        );
+        differs("shim", self.shim != new.shim);
+        differs(
+            "checkpoint_keep",
+            self.checkpoint_keep != new.checkpoint_keep,
+        );
+        differs(
+            "max_checkpoint_bytes",
+            self.max_checkpoint_bytes != new.max_checkpoint_bytes,
+        );
+        keys
+    }
+}
+
+/// A retention limit where 0 means "no limit"; `None` leaves it as is.
+fn set_limit(limit: &mut Option<u64>, value: Option<u64>) {
+    if let Some(n) = value {
+        *limit = (n > 0).then_some(n);
+    }
+}
+
+/// Parses the decimal value of environment variable `name`.
+fn number(name: &str, value: &str) -> Result<u64> {
+    value.trim().parse().map_err(|_| {
+        Error::Config(format!(
+            "${name}: {value:?} is not a non-negative whole number"
+        ))
+    })
+}
+
+fn check_log_level(key: &str, level: &str) -> std::result::Result<(), String> {
+    tracing_subscriber::EnvFilter::try_new(level)
+        .map(drop)
+        .map_err(|e| {
+            format!("{key}: {level:?} is not a log filter (try \"info\" or \"debug\"): {e}")
+        })
+}
+
+fn check_frame_len(key: &str, n: u64) -> std::result::Result<(), String> {
+    if (MIN_FRAME_LEN..=MAX_FRAME_LEN).contains(&n) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{key}: {n} is out of range ({MIN_FRAME_LEN} to {MAX_FRAME_LEN} bytes)"
+        ))
+    }
+}
+
+fn check_connections(key: &str, n: u64) -> std::result::Result<(), String> {
+    if n == 0 {
+        Err(format!("{key}: must be at least 1"))
+    } else {
+        Ok(())
+    }
+}
+
+fn check_mode(key: &str, mode: u32) -> std::result::Result<(), String> {
+    if mode > 0o777 {
+        return Err(format!(
+            "{key}: {mode:#o} is not a permission mode; write it in octal, e.g. 0o660"
+        ));
+    }
+    // The daemon's own user must keep access, or the shims it starts (which
+    // run as that user) could not reach it.
+    if mode & 0o600 != 0o600 {
+        return Err(format!(
+            "{key}: {mode:#o} takes read and write away from the daemon's own user"
+        ));
+    }
+    Ok(())
+}
+
+fn check_group(key: &str, group: &str) -> std::result::Result<(), String> {
+    if group.is_empty() || group.contains([':', '\n', '/']) {
+        Err(format!("{key}: {group:?} is not a group name or gid"))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn parse(text: &str) -> Result<FileConfig> {
+        FileConfig::parse(text, Path::new("/etc/tether/tetherd.toml"))
+    }
+
+    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let owned: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name: &str| {
+            owned
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        }
+    }
+
+    fn base() -> Config {
+        Config::new("/s".into(), "/st".into())
+    }
+
+    #[test]
+    fn a_full_file_sets_every_key() {
+        let file = parse(
+            r#"
+            log_level = "debug"
+            max_frame_len = 65536
+            max_connections = 10
+            [socket]
+            mode = 0o660
+            group = "tether"
+            [retention]
+            max_frames = 100
+            max_bytes = 0
+            max_age_secs = 60
+            [restart]
+            max_restarts = 5
+            "#,
+        )
+        .unwrap();
+        let mut config = base();
+        config.apply_file(&file);
+        assert_eq!(config.log_level, "debug");
+        assert_eq!(config.max_frame_len, 65536);
+        assert_eq!(config.max_connections, 10);
+        assert_eq!(config.socket_mode, 0o660);
+        assert_eq!(config.socket_group.as_deref(), Some("tether"));
+        assert_eq!(config.retention.max_frames, Some(100));
+        assert_eq!(config.retention.max_bytes, None, "0 means no limit");
+        assert_eq!(config.retention.max_age, Some(Duration::from_secs(60)));
+        assert_eq!(config.default_max_restarts, Some(5));
+    }
+
+    #[test]
+    fn an_empty_file_changes_nothing() {
+        let mut config = base();
+        config.apply_file(&parse("").unwrap());
+        assert_eq!(config.retention, base().retention);
+        assert_eq!(config.log_level, super::super::DEFAULT_LOG_LEVEL);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = parse("[retention]\nmax_frame = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_frame"), "{err}");
+        assert!(err.contains("/etc/tether/tetherd.toml"), "{err}");
+        let err = parse("colour = 1\n").unwrap_err().to_string();
+        assert!(err.contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = parse("max_connections = 0\n").unwrap_err().to_string();
+        assert!(err.contains("max_connections"), "{err}");
+        let err = parse("[socket]\nmode = 660\n").unwrap_err().to_string();
+        assert!(err.contains("socket.mode"), "{err}");
+        let err = parse("log_level = \"loud=[\"\n").unwrap_err().to_string();
+        assert!(err.contains("log_level"), "{err}");
+        let err = parse("[retention]\nmax_frames = \"many\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_frames"), "{err}");
+    }
+
+    #[test]
+    fn environment_overrides_and_names_bad_variables() {
+        let var = env_of(&[
+            ("TETHER_RETENTION_MAX_FRAMES", "7"),
+            ("TETHER_SOCKET_MODE", "0660"),
+            ("TETHER_MAX_RESTARTS", "3"),
+        ]);
+        let mut config = base();
+        config
+            .apply_env(Env {
+                var: &var,
+                uid: 1000,
+            })
+            .unwrap();
+        assert_eq!(config.retention.max_frames, Some(7));
+        assert_eq!(config.socket_mode, 0o660);
+        assert_eq!(config.default_max_restarts, Some(3));
+
+        let var = env_of(&[("TETHER_RETENTION_MAX_BYTES", "lots")]);
+        let err = base()
+            .apply_env(Env {
+                var: &var,
+                uid: 1000,
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("TETHER_RETENTION_MAX_BYTES"), "{err}");
+    }
+
+    #[test]
+    fn config_dir_follows_systemd_then_root_then_xdg() {
+        let dir = |vars: &[(&str, &str)], uid| {
+            let var = env_of(vars);
+            config_dir(Env { var: &var, uid })
+        };
+        assert_eq!(
+            dir(&[("CONFIGURATION_DIRECTORY", "/etc/t:/x")], 0),
+            Some(PathBuf::from("/etc/t"))
+        );
+        assert_eq!(dir(&[], 0), Some(PathBuf::from("/etc/tether")));
+        assert_eq!(
+            dir(&[("XDG_CONFIG_HOME", "/c"), ("HOME", "/h")], 7),
+            Some(PathBuf::from("/c/tether"))
+        );
+        assert_eq!(
+            dir(&[("HOME", "/h")], 7),
+            Some(PathBuf::from("/h/.config/tether"))
+        );
+        assert_eq!(dir(&[], 7), None);
+    }
+
+    #[test]
+    fn a_missing_default_file_is_fine_but_a_named_one_is_not() {
+        let path = PathBuf::from("/nonexistent/tetherd.toml");
+        let default = ConfigSource {
+            path: path.clone(),
+            explicit: false,
+        };
+        assert_eq!(default.load().unwrap(), FileConfig::default());
+        let named = ConfigSource {
+            path,
+            explicit: true,
+        };
+        let err = named.load().unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/tetherd.toml"), "{err}");
+    }
+
+    #[test]
+    fn only_changes_that_cannot_apply_live_need_a_restart() {
+        let old = base();
+        let mut new = base();
+        new.retention.max_frames = Some(1);
+        new.log_level = "debug".into();
+        assert!(old.needs_restart(&new).is_empty());
+        new.max_connections = 1;
+        assert_eq!(old.needs_restart(&new), vec!["max_connections"]);
+    }
+}
