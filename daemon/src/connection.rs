@@ -326,7 +326,12 @@ impl Session {
                 let status = self.status();
                 self.send_all(vec![Response::Status(status)]).await
             }
-            Request::Run(spec) => {
+            Request::Run(mut spec) => {
+                // `[restart] max_restarts` of the config file: the limit of
+                // a run whose client set none.
+                if spec.max_restarts.is_none() {
+                    spec.max_restarts = self.shared.config.default_max_restarts;
+                }
                 let execution = self.shared.supervisor.run(spec).await?;
                 self.send_all(vec![Response::Started { execution }]).await
             }

@@ -242,12 +242,10 @@ async fn apply_reloads(
 
 /// Puts new retention limits in force.
 async fn apply_retention(queue: &queue::Queue, retention: &config::Retention) {
-    // The queue has no way yet to change its limits while it runs.
-    let _ = queue;
-    tracing::warn!(
-        ?retention,
-        "config reload: retention changed, but it takes effect only at a restart"
-    );
+    match queue.set_retention(retention.clone()).await {
+        Ok(()) => tracing::info!(?retention, "config reload: retention applied"),
+        Err(e) => tracing::warn!("config reload: cannot apply the new retention: {e}"),
+    }
 }
 
 /// Creates `dir` (mode 0700 for what it creates) when missing.

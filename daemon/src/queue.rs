@@ -388,6 +388,14 @@ impl Queue {
         self.call(Request::Compact, Reply::Compact).await
     }
 
+    /// Replaces the retention limits (a config reload). Every stream is
+    /// checked against them by the next compaction pass, which runs as soon
+    /// as the writer is idle; resolves once the writer has them.
+    pub async fn set_retention(&self, retention: Retention) -> Result<()> {
+        self.call(Request::SetRetention(retention), Reply::Compact)
+            .await
+    }
+
     /// Size of the store file on disk.
     pub fn store_bytes(&self) -> u64 {
         self.inner.store.file_size()
@@ -560,6 +568,8 @@ enum Request {
         result: Bytes,
     },
     Compact,
+    /// Handled by the writer without a transaction.
+    SetRetention(Retention),
 }
 
 impl Request {
@@ -578,7 +588,7 @@ impl Request {
             ),
             Request::SaveCheckpoint(save) => (1, save.data.len()),
             Request::PutStep { result, .. } => (1, result.len()),
-            Request::Compact => (0, 0),
+            Request::Compact | Request::SetRetention(_) => (0, 0),
         }
     }
 }
@@ -895,6 +905,16 @@ impl Writer {
         }
     }
 
+    /// New retention limits: every stream may now be over them.
+    fn set_retention(&mut self, retention: Retention) {
+        self.opts.retention = retention;
+        self.next_age_check = Instant::now();
+        let names: Vec<String> = self.state.streams.keys().cloned().collect();
+        for name in names {
+            self.mark_dirty(&name);
+        }
+    }
+
     fn mark_dirty(&mut self, name: &str) {
         if self.dirty_set.insert(name.to_owned()) {
             self.dirty.push_back(name.to_owned());
@@ -924,6 +944,10 @@ impl Writer {
         for command in batch {
             match command.request {
                 Request::Compact => compactions.push(command.reply),
+                Request::SetRetention(retention) => {
+                    self.set_retention(retention);
+                    command.reply.send(Ok(Outcome::Done));
+                }
                 request => {
                     requests.push(request);
                     replies.push(command.reply);
@@ -1021,7 +1045,7 @@ impl Writer {
                 result,
             } => self.apply_step(txn, execution, step, result),
             // Separated out by `process`; never part of a transaction.
-            Request::Compact => Ok(Ok(Outcome::Done)),
+            Request::Compact | Request::SetRetention(_) => Ok(Ok(Outcome::Done)),
         }
     }
 

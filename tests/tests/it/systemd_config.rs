@@ -73,17 +73,13 @@ fn a_bad_environment_override_is_an_error_naming_the_variable() {
 }
 
 #[test]
-fn the_default_config_file_is_read_from_the_config_dir() {
+fn the_default_config_file_is_read_from_the_service_config_dir() {
     let sb = Sandbox::new();
-    let dir = sb.path().join("xdg/tether");
+    let dir = sb.path().join("etc-tether");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tetherd.toml"), "bogus = 1\n").unwrap();
-    let config_home = sb.path().join("xdg");
-    let err = refused(
-        &sb,
-        &[],
-        &[("XDG_CONFIG_HOME", config_home.to_str().unwrap())],
-    );
+    let dir = dir.to_str().unwrap();
+    let err = refused(&sb, &[], &[("CONFIGURATION_DIRECTORY", dir)]);
     assert!(err.contains("bogus"), "{err}");
 }
 

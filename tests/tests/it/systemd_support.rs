@@ -36,8 +36,9 @@ pub fn tetherd(sb: &Sandbox, log: &str, args: &[&str]) -> Command {
     ] {
         cmd.env_remove(var);
     }
-    // A config file of the machine running the tests must not leak in.
-    cmd.env("XDG_CONFIG_HOME", sb.path().join("no-config"))
+    // A config file of the machine running the tests must not leak in
+    // (root reads /etc/tether unless the service manager names a directory).
+    cmd.env("CONFIGURATION_DIRECTORY", sb.path().join("no-config"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log_file(&sb.file(log)));
