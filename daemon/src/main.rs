@@ -198,8 +198,11 @@ type LogHandle = reload::Handle<EnvFilter, Registry>;
 fn init_tracing(level: &str) -> LogHandle {
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = reload::Layer::new(filter);
+    // Colours only for a person at a terminal, never into files or journald.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let output = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_target(false);
     let registry = tracing_subscriber::registry().with(filter);
     if std::env::var_os("JOURNAL_STREAM").is_some() {
