@@ -12,21 +12,17 @@
 //! not a client library.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use clap::Parser;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use tether_protocol::{
-    Append, Capabilities, ClientCodec, DurableAck, DurableResume, FrameKind, Hello, Request,
-    Response, StartAt, Subscribe, PROTOCOL_VERSION,
+    Append, Capabilities, DurableAck, DurableResume, FrameKind, Request, Response, StartAt,
+    Subscribe,
 };
-use tokio::net::UnixStream;
-use tokio_util::codec::Framed;
 
-type Conn = Framed<UnixStream, ClientCodec>;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use tether_bench::{connect, next, tetherd_path, BoxError, Conn, Daemon};
 
 const STREAM: &str = "w1";
 
@@ -96,13 +92,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     if args.size < 8 {
         return Err("--size must be at least 8 (the payload carries its send time)".into());
     }
-    let tetherd = match &args.tetherd {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .ok_or("cannot locate this binary's directory")?
-            .join("tetherd"),
-    };
+    let tetherd = tetherd_path(args.tetherd.as_deref())?;
     if !args.json {
         println!(
             "W1: {} frames x {} B, window {}, ack every {} ({} cores)",
@@ -170,41 +160,40 @@ fn print_row(args: &Args, run: &str, f: &Figures) {
     }
 }
 
-/// Kills the daemon when the run ends, however it ends.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn one_run(args: &Args, tetherd: &Path, dir: &Path) -> Result<Figures, BoxError> {
     let socket = dir.join("s.sock");
-    let child = Command::new(tetherd)
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .env("TETHER_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", tetherd.display()))?;
-    let daemon = Daemon(child);
-    let pid = daemon.0.id();
+    let daemon = Daemon::start(tetherd, &socket, &dir.join("state"), &[])?;
+    let pid = daemon.pid();
 
-    let mut producer = connect(&socket, Duration::from_secs(10)).await?;
+    let mut producer = connect(
+        &socket,
+        Duration::from_secs(10),
+        Capabilities::DURABLE,
+        "tether-bench",
+    )
+    .await?;
     let clock = Instant::now();
     // One warm-up frame creates the stream so that consumers can attach.
     append(&mut producer, 0, &payload(args.size, &clock)).await?;
     wait_appended(&mut producer, 0).await?;
     // A consumer that never acks keeps everything for the replay.
-    let mut holder = connect(&socket, Duration::from_secs(5)).await?;
+    let mut holder = connect(
+        &socket,
+        Duration::from_secs(5),
+        Capabilities::DURABLE,
+        "tether-bench",
+    )
+    .await?;
     subscribe(&mut holder, StartAt::Oldest, false, Some("replay-holder")).await?;
     drop(holder);
 
-    let mut follower = connect(&socket, Duration::from_secs(5)).await?;
+    let mut follower = connect(
+        &socket,
+        Duration::from_secs(5),
+        Capabilities::DURABLE,
+        "tether-bench",
+    )
+    .await?;
     subscribe(&mut follower, StartAt::Now, true, Some("follower")).await?;
     let frames = args.frames;
     let ack_every = args.ack_every.max(1);
@@ -235,7 +224,13 @@ async fn one_run(args: &Args, tetherd: &Path, dir: &Path) -> Result<Figures, Box
         latencies.get(i).copied().unwrap_or(0) as f64 / 1e6
     };
 
-    let mut reader = connect(&socket, Duration::from_secs(5)).await?;
+    let mut reader = connect(
+        &socket,
+        Duration::from_secs(5),
+        Capabilities::DURABLE,
+        "tether-bench",
+    )
+    .await?;
     let replay_start = Instant::now();
     reader
         .send(Request::DurableResume(DurableResume {
@@ -348,42 +343,6 @@ async fn subscribe(
     match next(conn).await? {
         Response::Subscribed(_) => Ok(()),
         other => Err(format!("expected Subscribed, got {other:?}").into()),
-    }
-}
-
-async fn next(conn: &mut Conn) -> Result<Response, BoxError> {
-    match conn.next().await {
-        Some(Ok(Response::Error(e))) => {
-            Err(format!("daemon error {}: {}", e.code, e.message).into())
-        }
-        Some(Ok(r)) => Ok(r),
-        Some(Err(e)) => Err(e.into()),
-        None => Err("daemon closed the connection".into()),
-    }
-}
-
-/// Connects and says Hello, retrying until the daemon is up or `patience` ends.
-async fn connect(socket: &Path, patience: Duration) -> Result<Conn, BoxError> {
-    let deadline = Instant::now() + patience;
-    let stream = loop {
-        match UnixStream::connect(socket).await {
-            Ok(s) => break s,
-            Err(e) if Instant::now() >= deadline => {
-                return Err(format!("cannot connect to {}: {e}", socket.display()).into())
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    };
-    let mut conn = Framed::new(stream, ClientCodec::new());
-    conn.send(Request::Hello(Hello {
-        version: PROTOCOL_VERSION,
-        capabilities: Capabilities::DURABLE,
-        client: "tether-bench".into(),
-    }))
-    .await?;
-    match next(&mut conn).await? {
-        Response::HelloOk(_) => Ok(conn),
-        other => Err(format!("expected HelloOk, got {other:?}").into()),
     }
 }
 

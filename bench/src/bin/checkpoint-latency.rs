@@ -7,21 +7,13 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use futures_util::{SinkExt, StreamExt};
-use tether_protocol::{
-    Capabilities, CheckpointSave, ClientCodec, Hello, Request, Response, RestartPolicy, RunSpec,
-    PROTOCOL_VERSION,
-};
-use tokio::net::UnixStream;
-use tokio_util::codec::Framed;
+use tether_protocol::{Capabilities, CheckpointSave, Request, Response, RestartPolicy, RunSpec};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type Conn = Framed<UnixStream, ClientCodec>;
+use tether_bench::{call, connect, percentile, tetherd_path, BoxError, Conn, Daemon};
 
 /// Checkpoint save latency against a fresh tetherd.
 #[derive(Debug, Parser)]
@@ -65,24 +57,8 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Kills the daemon when the run ends, however it ends.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn bench(args: Args) -> Result<(), BoxError> {
-    let tetherd = match &args.tetherd {
-        Some(path) => path.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .ok_or("this executable has no directory")?
-            .join("tetherd"),
-    };
+    let tetherd = tetherd_path(args.tetherd.as_deref())?;
     let temp = match &args.dir {
         Some(dir) => tempfile::tempdir_in(dir)?,
         None => tempfile::tempdir()?,
@@ -92,20 +68,19 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     std::fs::write(&shim, IDLE_SHIM)?;
     std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))?;
     let socket = dir.join("s.sock");
-    let _daemon = Daemon(
-        Command::new(&tetherd)
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--shim")
-            .arg(&shim)
-            .env("TETHER_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", tetherd.display()))?,
-    );
-    let mut conn = connect(&socket, Duration::from_secs(10)).await?;
+    let _daemon = Daemon::start(
+        &tetherd,
+        &socket,
+        &dir.join("state"),
+        &["--shim".as_ref(), shim.as_os_str()],
+    )?;
+    let mut conn = connect(
+        &socket,
+        Duration::from_secs(10),
+        Capabilities::NONE,
+        "checkpoint-latency",
+    )
+    .await?;
     let execution = match call(&mut conn, Request::Run(idle_run(&shim))).await? {
         Response::Started { execution } => execution,
         other => return Err(format!("expected Started, got {other:?}").into()),
@@ -164,49 +139,4 @@ async fn measure(
         }
     }
     Ok(times)
-}
-
-/// The nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (p * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-async fn call(conn: &mut Conn, request: Request) -> Result<Response, BoxError> {
-    conn.send(request).await?;
-    match conn.next().await {
-        Some(Ok(Response::Error(e))) => {
-            Err(format!("daemon error {}: {}", e.code, e.message).into())
-        }
-        Some(Ok(r)) => Ok(r),
-        Some(Err(e)) => Err(e.into()),
-        None => Err("daemon closed the connection".into()),
-    }
-}
-
-/// Connects and says Hello, retrying until the daemon is up or `patience` ends.
-async fn connect(socket: &Path, patience: Duration) -> Result<Conn, BoxError> {
-    let deadline = Instant::now() + patience;
-    let stream = loop {
-        match UnixStream::connect(socket).await {
-            Ok(s) => break s,
-            Err(e) if Instant::now() >= deadline => {
-                return Err(format!("cannot connect to {}: {e}", socket.display()).into())
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    };
-    let mut conn = Framed::new(stream, ClientCodec::new());
-    let hello = Request::Hello(Hello {
-        version: PROTOCOL_VERSION,
-        capabilities: Capabilities::NONE,
-        client: "checkpoint-latency".into(),
-    });
-    match call(&mut conn, hello).await? {
-        Response::HelloOk(_) => Ok(conn),
-        other => Err(format!("expected HelloOk, got {other:?}").into()),
-    }
 }

@@ -1,0 +1,124 @@
+//! What the bench binaries share: starting a throwaway `tetherd`, and a bare
+//! protocol connection to it (no client library, so the figures are the
+//! daemon's).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use tether_protocol::{Capabilities, ClientCodec, Hello, Request, Response, PROTOCOL_VERSION};
+use tokio::net::UnixStream;
+use tokio_util::codec::Framed;
+
+/// A framed protocol connection.
+pub type Conn = Framed<UnixStream, ClientCodec>;
+/// Errors are reported, not handled, in a bench.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A daemon started for one run; killed when dropped, however the run ends.
+#[derive(Debug)]
+pub struct Daemon(Child);
+
+impl Daemon {
+    /// Starts `tetherd` on `socket` with its state in `state_dir`, plus
+    /// `extra` arguments, logging only warnings.
+    pub fn start(
+        tetherd: &Path,
+        socket: &Path,
+        state_dir: &Path,
+        extra: &[&std::ffi::OsStr],
+    ) -> Result<Daemon, BoxError> {
+        let child = Command::new(tetherd)
+            .arg("--socket")
+            .arg(socket)
+            .arg("--state-dir")
+            .arg(state_dir)
+            .args(extra)
+            .env("TETHER_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", tetherd.display()))?;
+        Ok(Daemon(child))
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `tetherd` from `--tetherd`, else next to this executable.
+pub fn tetherd_path(flag: Option<&Path>) -> Result<PathBuf, BoxError> {
+    match flag {
+        Some(path) => Ok(path.to_owned()),
+        None => Ok(std::env::current_exe()?
+            .parent()
+            .ok_or("cannot locate this executable's directory")?
+            .join("tetherd")),
+    }
+}
+
+/// The next response; a daemon error or a closed connection is an error.
+pub async fn next(conn: &mut Conn) -> Result<Response, BoxError> {
+    match conn.next().await {
+        Some(Ok(Response::Error(e))) => {
+            Err(format!("daemon error {}: {}", e.code, e.message).into())
+        }
+        Some(Ok(r)) => Ok(r),
+        Some(Err(e)) => Err(e.into()),
+        None => Err("daemon closed the connection".into()),
+    }
+}
+
+/// Sends `request` and returns the next response.
+pub async fn call(conn: &mut Conn, request: Request) -> Result<Response, BoxError> {
+    conn.send(request).await?;
+    next(conn).await
+}
+
+/// Connects and says Hello, retrying until the daemon is up or `patience`
+/// ends.
+pub async fn connect(
+    socket: &Path,
+    patience: Duration,
+    capabilities: Capabilities,
+    client: &str,
+) -> Result<Conn, BoxError> {
+    let deadline = Instant::now() + patience;
+    let stream = loop {
+        match UnixStream::connect(socket).await {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!("cannot connect to {}: {e}", socket.display()).into())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let mut conn = Framed::new(stream, ClientCodec::new());
+    let hello = Request::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        capabilities,
+        client: client.into(),
+    });
+    match call(&mut conn, hello).await? {
+        Response::HelloOk(_) => Ok(conn),
+        other => Err(format!("expected HelloOk, got {other:?}").into()),
+    }
+}
+
+/// The value at percentile `p` (0..=1) of sorted samples; 0 for none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
