@@ -1,7 +1,8 @@
 //! Reaching the daemon: endpoints, one session ([`Connection`]), and the
 //! reconnecting [`Link`] that the publisher and the subscriber are built on.
 //!
-//! A [`Connection`] is one session: the transport is opened, `Hello` is
+//! An [`Endpoint`] is a local unix socket or a remote daemon over ssh
+//! ([`crate::ssh`]). A [`Connection`] is one session: the transport is opened, `Hello` is
 //! sent and `HelloOk` awaited. Outgoing requests are encoded into a buffer
 //! and written in one go, so that many appends cost one write; responses are
 //! read through a length-delimited decoder. Writing and reading are separate
@@ -32,6 +33,7 @@ use tokio_util::codec::FramedRead;
 
 use crate::backoff::{self, Backoff};
 use crate::error::{humanize, Error, Result};
+use crate::ssh::{SshExit, SshTarget};
 
 /// Default retry window: how long to keep trying to reach the daemon.
 pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(30);
@@ -44,6 +46,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lower bound on the same, so that the last attempt of a retry window
 /// still gets a fair chance instead of a zero timeout.
 const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Over ssh, the part of the handshake's time limit that the remote
+/// `tether dial-stdio` may spend reaching its daemon's socket; the rest is
+/// for ssh itself and `Hello`.
+const REMOTE_SHARE_OF_HANDSHAKE: f64 = 0.5;
 /// Default size of a session's read and write buffers: large enough that
 /// one syscall carries hundreds of small frames.
 pub const DEFAULT_BUFFER_SIZE: usize = 256 * 1024;
@@ -51,20 +57,39 @@ pub const DEFAULT_BUFFER_SIZE: usize = 256 * 1024;
 type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
 type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
 
-/// Where the daemon listens. Only unix sockets today; the transport stays
-/// behind this type so that other ways to reach a daemon can be added
-/// without touching sessions.
+/// Where the daemon listens. The transport stays behind this type, so
+/// sessions, links, publishers and subscribers work the same over all of
+/// them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Endpoint {
     /// A unix domain socket on this machine.
     Unix(PathBuf),
+    /// A daemon on another machine, reached by running `tether dial-stdio`
+    /// there over the system `ssh` (see [`crate::ssh`]).
+    Ssh(SshTarget),
+}
+
+/// An open transport: its two halves and, for ssh, how to learn why it
+/// ended.
+struct Transport {
+    read: ReadHalf,
+    write: WriteHalf,
+    ssh: Option<SshExit>,
 }
 
 impl Endpoint {
     /// The unix socket at `path`.
     pub fn unix(path: impl Into<PathBuf>) -> Self {
         Endpoint::Unix(path.into())
+    }
+
+    /// The daemon behind `url`, `ssh://[user@]host[:port][/socket/path]`,
+    /// reached with the ssh program named by `$TETHER_SSH` (default `ssh`).
+    /// A malformed URL is [`Error::Usage`].
+    pub fn ssh(url: &str) -> Result<Self> {
+        let target = SshTarget::parse(url)?.with_ssh_command(SshTarget::ssh_command_from_env());
+        Ok(Endpoint::Ssh(target))
     }
 
     /// The socket `tetherd` uses when given no flags (see
@@ -79,16 +104,45 @@ impl Endpoint {
     pub fn socket_path(&self) -> Option<&Path> {
         match self {
             Endpoint::Unix(path) => Some(path),
+            Endpoint::Ssh(_) => None,
         }
     }
 
-    /// Opens the transport and splits it into independent halves.
-    async fn open(&self) -> std::io::Result<(ReadHalf, WriteHalf)> {
+    /// Opens the transport and splits it into independent halves, for a
+    /// handshake that may take up to `limit`. Failing to start ssh at all
+    /// is not retried: it is [`Error::Unreachable`] at once.
+    async fn open(&self, limit: Duration) -> Result<Transport> {
         match self {
             Endpoint::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path).await?;
+                let stream = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(|source| Error::Io {
+                        endpoint: self.to_string(),
+                        source,
+                    })?;
                 let (read, write) = stream.into_split();
-                Ok((Box::new(read), Box::new(write)))
+                Ok(Transport {
+                    read: Box::new(read),
+                    write: Box::new(write),
+                    ssh: None,
+                })
+            }
+            Endpoint::Ssh(target) => {
+                // The remote bridge must give up on its socket before the
+                // handshake here times out, so that its reason (printed on
+                // ssh's stderr) is what the user is told.
+                let remote_limit = limit.mul_f64(REMOTE_SHARE_OF_HANDSHAKE);
+                let (read, write, exit) =
+                    target.open(remote_limit).map_err(|e| Error::Unreachable {
+                        endpoint: self.to_string(),
+                        waited: Duration::ZERO,
+                        last_error: e.to_string(),
+                    })?;
+                Ok(Transport {
+                    read: Box::new(read),
+                    write: Box::new(write),
+                    ssh: Some(exit),
+                })
             }
         }
     }
@@ -98,6 +152,7 @@ impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Endpoint::Unix(path) => write!(f, "{}", path.display()),
+            Endpoint::Ssh(target) => write!(f, "{target}"),
         }
     }
 }
@@ -193,7 +248,7 @@ impl Connector {
     /// handshake may take up to `budget` (within fixed bounds).
     pub async fn connect_once(&self, budget: Duration) -> Result<Connection> {
         let limit = budget.clamp(MIN_HANDSHAKE_TIMEOUT, HANDSHAKE_TIMEOUT);
-        match tokio::time::timeout(limit, self.handshake()).await {
+        match tokio::time::timeout(limit, self.handshake(limit)).await {
             Ok(result) => result,
             Err(_) => Err(Error::Timeout {
                 endpoint: self.endpoint.to_string(),
@@ -202,11 +257,8 @@ impl Connector {
         }
     }
 
-    async fn handshake(&self) -> Result<Connection> {
-        let (read, write) = self.endpoint.open().await.map_err(|source| Error::Io {
-            endpoint: self.endpoint.to_string(),
-            source,
-        })?;
+    async fn handshake(&self, limit: Duration) -> Result<Connection> {
+        let Transport { read, write, ssh } = self.endpoint.open(limit).await?;
         let codec = ClientCodec::with_max_frame_len(self.options.max_frame_len);
         let mut conn = Connection {
             endpoint: self.endpoint.to_string(),
@@ -225,7 +277,15 @@ impl Connector {
             capabilities: self.options.capabilities,
             client: self.options.client.clone(),
         });
-        let answer = conn.request(&hello).await?;
+        let answer = match (conn.request(&hello).await, ssh) {
+            (Ok(answer), _) => answer,
+            // A transport that ends before `HelloOk` is, over ssh, almost
+            // always ssh itself failing: its own words explain it best.
+            (Err(e), Some(exit)) if e.is_connection_failure() => {
+                return Err(exit.explain(conn, e, &self.endpoint.to_string()).await)
+            }
+            (Err(e), _) => return Err(e),
+        };
         let Response::HelloOk(ok) = answer else {
             return Err(unexpected("HelloOk", &answer));
         };

@@ -13,6 +13,8 @@
 //!   across reconnects, reports gaps, and acks for durable consumers.
 //! * [`shim`]: the per-worker shim that tetherd starts for each attempt of
 //!   a supervised worker (the `tether-shim` binary is a thin wrapper).
+//! * [`ssh`]: reaching a daemon on another machine by running
+//!   `tether dial-stdio` there over the system `ssh`.
 //! * [`time`]: RFC 3339 timestamps and short ages for output.
 //! * [`worker`]: the worker SDK for supervised programs: [`Worker`]
 //!   (emit, checkpoint, restore, durable steps) and [`CheckpointTrigger`].
@@ -26,6 +28,7 @@ pub mod conn;
 pub mod error;
 pub mod publisher;
 pub mod shim;
+pub mod ssh;
 pub mod subscriber;
 pub mod time;
 pub mod worker;

@@ -64,6 +64,10 @@ pub struct Config {
     /// Group given to a socket the daemon binds itself; `None` keeps the
     /// daemon's own group.
     pub socket_group: Option<String>,
+    /// The group whose members may read (tail, list, status) but not act;
+    /// a name or a numeric gid. `None`: only the daemon's own user and root
+    /// are served. See [`crate::access`].
+    pub readers_group: Option<String>,
     /// The tracing filter (`info`, `debug`, `tetherd=trace,info`, ...).
     pub log_level: String,
     /// Restarts allowed to a run that did not say; `None` is unlimited.
@@ -84,6 +88,7 @@ impl Config {
             max_checkpoint_bytes: 8 * 1024 * 1024,
             socket_mode: DEFAULT_SOCKET_MODE,
             socket_group: None,
+            readers_group: None,
             log_level: DEFAULT_LOG_LEVEL.to_owned(),
             default_max_restarts: None,
         }

@@ -40,10 +40,20 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::access::{self, Peer};
 use crate::queue::{AppendOutcome, Queue};
 use crate::subscription::{SubEvent, Subscription};
 use crate::supervisor::Supervisor;
 use crate::{Config, Error};
+
+/// The judged peer of a new connection, and the sentence it is refused
+/// with when it may not use the daemon at all.
+#[derive(Debug)]
+pub struct Admission {
+    pub peer: Peer,
+    /// `Some` for a peer that is refused after its Hello.
+    pub denial: Option<String>,
+}
 
 /// What every session shares.
 #[derive(Debug)]
@@ -122,7 +132,12 @@ struct ActiveSubscription {
 /// Serves one connection to its end. Never panics on input; every failure
 /// is answered with an error frame (when the socket still takes one) and
 /// logged.
-pub async fn run(stream: UnixStream, shared: Arc<Shared>, shutdown: CancellationToken) {
+pub async fn run(
+    stream: UnixStream,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    admission: Admission,
+) {
     shared.connections.fetch_add(1, Ordering::Relaxed);
     let (read_half, write_half) = stream.into_split();
     let out = FramedWrite::new(write_half, ServerCodec::with_max_frame_len(usize::MAX));
@@ -134,6 +149,9 @@ pub async fn run(stream: UnixStream, shared: Arc<Shared>, shutdown: Cancellation
         pending: FuturesOrdered::new(),
         shim: None,
         shutdown: shutdown.clone(),
+        peer: admission.peer,
+        denial: admission.denial,
+        logged_writes: false,
     };
     match session.serve(read_half, &shutdown).await {
         Ok(Ending::ClientLeft) => {}
@@ -165,6 +183,13 @@ struct Session {
     /// Set by `ShimHello`: the (execution, attempt) this session's shim runs.
     shim: Option<(String, u32)>,
     shutdown: CancellationToken,
+    /// Who is at the other end, and what they may do.
+    peer: Peer,
+    /// Why the peer is refused, if it is.
+    denial: Option<String>,
+    /// Appends and acks come by the thousand: only the session's first is
+    /// logged with the peer's identity.
+    logged_writes: bool,
 }
 
 impl Session {
@@ -182,6 +207,11 @@ impl Session {
                 Ok(Err(refusal)) => return Err(refusal),
             },
         };
+        // The peer was judged at accept; a refused one learns why in answer
+        // to its Hello, before any request is served.
+        if let Some(denial) = self.denial.take() {
+            return Err(Refusal::new(ErrorCode::PERMISSION_DENIED, denial));
+        }
         self.accept_hello(&hello).await?;
 
         let codec = ServerCodec::with_max_frame_len(self.shared.config.max_frame_len);
@@ -241,11 +271,14 @@ impl Session {
     ) -> Result<(), Refusal> {
         let mut next = Some(first);
         while let Some(request) = next.take() {
+            self.authorize(&request)?;
             match request {
                 Request::Append(append) => {
                     let mut batch = vec![append];
                     while batch.len() < MAX_APPEND_BATCH {
                         match reader.next().now_or_never() {
+                            // The batch's first append was authorized and
+                            // the peer's rights do not change mid-session.
                             Some(Some(Ok(Request::Append(more)))) => batch.push(more),
                             Some(Some(Ok(other))) => {
                                 next = Some(other);
@@ -269,6 +302,29 @@ impl Session {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Refuses a request the peer may not send, and logs the control
+    /// actions it may, naming the peer's uid and pid.
+    fn authorize(&mut self, request: &Request) -> Result<(), Refusal> {
+        if let Err(why) = self.peer.permits(request) {
+            return Err(Refusal::new(ErrorCode::PERMISSION_DENIED, why));
+        }
+        if !access::is_control(request) {
+            return Ok(());
+        }
+        let per_frame = matches!(request, Request::Append(_) | Request::DurableAck(_));
+        if per_frame && std::mem::replace(&mut self.logged_writes, true) {
+            return Ok(());
+        }
+        tracing::info!(
+            uid = self.peer.uid(),
+            pid = self.peer.pid(),
+            request = request.name(),
+            target = control_target(request),
+            "control request"
+        );
         Ok(())
     }
 
@@ -728,4 +784,14 @@ async fn read_full(read_half: &mut OwnedReadHalf, buf: &mut [u8]) -> Result<usiz
         filled += n;
     }
     Ok(filled)
+}
+/// What a control request acts on, for its log line.
+fn control_target(request: &Request) -> &str {
+    match request {
+        Request::Run(spec) => spec.name.as_deref().unwrap_or(""),
+        Request::Stop { execution, .. } | Request::StepPut { execution, .. } => execution,
+        Request::CheckpointSave(save) => &save.execution,
+        Request::Append(append) => &append.stream,
+        _ => "",
+    }
 }

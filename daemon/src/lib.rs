@@ -8,7 +8,9 @@
 //!   hands committed frames to [`hub`] for live fan-out.
 //! * [`subscription`] turns "everything after seq K" into a gap-free series
 //!   of batches, switching between store reads and live batches.
-//! * [`server`] accepts connections; [`connection`] runs one client's session.
+//! * [`server`] accepts connections; [`access`] judges each peer's
+//!   credentials (owner and root, read-only readers group, or refused);
+//!   [`connection`] runs one client's session.
 //! * [`supervisor`] runs workers through per-attempt shims: manifests, the
 //!   execution state machine, restart policy, process identity and pidfds,
 //!   recovery of live shims after a restart.
@@ -19,6 +21,7 @@
 //!   service manager; [`activation`] adopts a socket it passed.
 //! * [`config`], [`lock`], [`shutdown`] and [`error`] do what they say.
 
+pub mod access;
 pub mod activation;
 pub mod checkpoint;
 pub mod config;

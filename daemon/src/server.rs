@@ -1,5 +1,5 @@
-//! The listening socket: binding it safely, accepting, and the connection
-//! limit.
+//! The listening socket: binding it safely, accepting, judging each peer's
+//! credentials (see [`crate::access`]), and the connection limit.
 
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -15,6 +15,7 @@ use tokio_util::codec::FramedWrite;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::access::{Access, Policy};
 use crate::connection::{self, Shared};
 use crate::{Error, Result};
 
@@ -118,6 +119,7 @@ fn resolve_group(group: &str) -> Result<u32> {
 /// for the running sessions to finish what they have in flight.
 pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: CancellationToken) {
     let limit = Arc::new(Semaphore::new(shared.config.max_connections));
+    let policy = Policy::for_this_process(shared.config.readers_group.clone());
     let tracker = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -137,8 +139,16 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: Cancel
             Ok(permit) => {
                 let shared = shared.clone();
                 let shutdown = shutdown.clone();
+                let policy = policy.clone();
                 tracker.spawn(async move {
-                    connection::run(stream, shared, shutdown).await;
+                    // Credentials are read off the accept loop: judging them
+                    // reads /etc/passwd and /etc/group.
+                    let peer = policy.identify(&stream);
+                    let peer = connection::Admission {
+                        denial: (peer.access == Access::Denied).then(|| policy.denial(&peer)),
+                        peer,
+                    };
+                    connection::run(stream, shared, shutdown, peer).await;
                     drop(permit);
                 });
             }

@@ -10,6 +10,8 @@
 //! * [`cli`] runs a `tether` command to completion with a deadline.
 //! * [`process`] runs long-lived processes with their output in files,
 //!   feeds their stdin from a thread, and sends them signals.
+//! * [`remote`] starts a throwaway `sshd` for `--host ssh://` tests and
+//!   creates the extra local users of the access tests.
 //! * [`raw`] is a minimal protocol client over a blocking `UnixStream`, for
 //!   sending bad input and for peeking at stream state.
 //! * [`mem`] reads a process's resident memory from `/proc/PID/status`.
@@ -32,6 +34,7 @@ pub mod mem;
 pub mod process;
 pub mod procs;
 pub mod raw;
+pub mod remote;
 pub mod sandbox;
 pub mod supervise;
 pub mod text;

@@ -3,6 +3,8 @@
 //!
 //! * [`publish`], [`tail`], [`streams`], [`status`], [`run`], [`ps`],
 //!   [`stop`], [`checkpoint`]: the commands.
+//! * [`dial_stdio`]: the bridge that `--host ssh://` runs on the remote
+//!   machine.
 //! * [`attach`]: `run --attach`, following an execution until it ends.
 //! * [`lines`]: stdin split into line frames, in large reads.
 //! * [`cursor`]: the `--cursor-file` format and its atomic update.
@@ -13,6 +15,7 @@
 pub mod attach;
 pub mod checkpoint;
 pub mod cursor;
+pub mod dial_stdio;
 pub mod duration;
 pub mod lines;
 pub mod output;
@@ -52,8 +55,21 @@ pub struct Global {
     /// Without this flag: $TETHER_SOCKET, else $RUNTIME_DIRECTORY/tether.sock,
     /// else /run/tether/tether.sock for root, else
     /// $XDG_RUNTIME_DIR/tether/tether.sock, else /tmp/tether-$UID/tether.sock.
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH", conflicts_with = "host")]
     socket: Option<PathBuf>,
+
+    /// A daemon on another machine: ssh://[user@]host[:port][/socket/path]
+    /// [default: $TETHER_HOST]
+    ///
+    /// Runs `tether dial-stdio` on the host through `ssh -o BatchMode=yes
+    /// [-p PORT] [user@]host` and speaks to the remote daemon through it, so
+    /// ssh keys (or an agent) and known host keys must be set up, and
+    /// `tether` must be on the remote PATH. $TETHER_SSH
+    /// replaces `ssh` and may add options, split on whitespace (e.g.
+    /// "ssh -i ~/.ssh/ops_key"). $TETHER_HOST is used only when neither
+    /// --host nor --socket is given.
+    #[arg(long, global = true, value_name = "URL")]
+    host: Option<String>,
 
     /// Machine-readable output: one JSON object per line.
     #[arg(long, global = true)]
@@ -89,7 +105,13 @@ enum Command {
     Stop(stop::StopArgs),
     /// Save, load and list an execution's checkpoints.
     Checkpoint(checkpoint::CheckpointArgs),
+    /// Bridge stdin and stdout to the local daemon's socket (what
+    /// --host ssh:// runs on the remote machine).
+    DialStdio,
 }
+
+/// The environment variable naming a remote daemon, like `--host`.
+pub const HOST_ENV: &str = "TETHER_HOST";
 
 /// What every command needs from the global flags.
 #[derive(Debug, Clone)]
@@ -120,11 +142,13 @@ impl Context {
 /// Usage errors exit 2 (and `--help` 0) through clap.
 pub fn main() -> ExitCode {
     let cli = Cli::try_parse().unwrap_or_else(|e| e.exit());
+    let host_env = std::env::var(HOST_ENV).ok();
+    let endpoint = match endpoint(&cli, host_env.as_deref()) {
+        Ok(endpoint) => endpoint,
+        Err(e) => return report(&e),
+    };
     let context = Context {
-        endpoint: match cli.global.socket {
-            Some(path) => Endpoint::unix(path),
-            None => Endpoint::default_local(),
-        },
+        endpoint,
         json: cli.global.json,
         connect_timeout: cli.global.connect_timeout,
     };
@@ -151,11 +175,32 @@ pub fn main() -> ExitCode {
             Command::Ps(args) => done(ps::run(&context, args).await),
             Command::Stop(args) => done(stop::run(&context, args).await),
             Command::Checkpoint(args) => done(checkpoint::run(&context, args).await),
+            Command::DialStdio => done(dial_stdio::run(&context).await),
         }
     });
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => report(&e),
+    }
+}
+
+/// Where the daemon is: `--socket`, else `--host`, else `$TETHER_HOST`
+/// (`host_env`), else the standard local socket. `dial-stdio` serves the
+/// daemon of the machine it runs on, so it never follows `$TETHER_HOST`
+/// (which would send it back over ssh).
+fn endpoint(cli: &Cli, host_env: Option<&str>) -> Result<Endpoint> {
+    let dialing = matches!(cli.command, Command::DialStdio);
+    let host = match (&cli.global.host, host_env) {
+        (Some(host), _) => Some(host.as_str()),
+        (None, Some(host)) if !dialing && cli.global.socket.is_none() && !host.is_empty() => {
+            Some(host)
+        }
+        _ => None,
+    };
+    match (&cli.global.socket, host) {
+        (Some(path), _) => Ok(Endpoint::unix(path)),
+        (None, Some(url)) => Endpoint::ssh(url),
+        (None, None) => Ok(Endpoint::default_local()),
     }
 }
 
@@ -229,6 +274,30 @@ mod tests {
         assert!(cli.global.json);
         assert_eq!(cli.global.socket, Some(PathBuf::from("/x.sock")));
         assert_eq!(cli.global.connect_timeout, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn host_comes_from_the_flag_then_the_environment_unless_a_socket_is_given() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap();
+        let flag = parse(&["tether", "status", "--host", "ssh://a/s.sock"]);
+        let shown = |e: Result<Endpoint>| e.unwrap().to_string();
+        assert_eq!(shown(endpoint(&flag, Some("ssh://b"))), "ssh://a/s.sock");
+        let plain = parse(&["tether", "status"]);
+        assert_eq!(shown(endpoint(&plain, Some("ssh://b:22"))), "ssh://b:22");
+        let socket = parse(&["tether", "status", "--socket", "/l.sock"]);
+        assert_eq!(shown(endpoint(&socket, Some("ssh://b"))), "/l.sock");
+        let dial = parse(&["tether", "dial-stdio", "--socket", "/l.sock"]);
+        assert_eq!(shown(endpoint(&dial, Some("ssh://b"))), "/l.sock");
+        let dial = parse(&["tether", "dial-stdio"]);
+        assert!(matches!(
+            endpoint(&dial, Some("ssh://b")).unwrap(),
+            Endpoint::Unix(_)
+        ));
+        let bad = endpoint(&plain, Some("http://b")).unwrap_err();
+        assert_eq!(bad.exit_code(), 2);
+        let err = Cli::try_parse_from(["tether", "status", "--host", "ssh://a", "--socket", "/s"])
+            .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //!
 //! Environment overrides: `TETHER_LOG`, `TETHER_MAX_FRAME_LEN`,
 //! `TETHER_MAX_CONNECTIONS`, `TETHER_SOCKET_MODE`, `TETHER_SOCKET_GROUP`,
+//! `TETHER_READERS_GROUP`,
 //! `TETHER_RETENTION_MAX_FRAMES`, `TETHER_RETENTION_MAX_BYTES`,
 //! `TETHER_RETENTION_MAX_AGE` (seconds) and `TETHER_MAX_RESTARTS`.
 //! `TETHER_CONFIG` names the file itself.
@@ -110,6 +111,9 @@ pub struct FileConfig {
     /// The socket the daemon binds itself.
     #[serde(default)]
     pub socket: SocketSection,
+    /// Who may connect besides the daemon's own user and root.
+    #[serde(default)]
+    pub access: AccessSection,
     /// Default per-stream retention limits.
     #[serde(default)]
     pub retention: RetentionSection,
@@ -126,6 +130,14 @@ pub struct SocketSection {
     pub mode: Option<u32>,
     /// Group name or numeric gid given to the socket.
     pub group: Option<String>,
+}
+
+/// `[access]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessSection {
+    /// Group name or numeric gid whose members may only read.
+    pub readers: Option<String>,
 }
 
 /// `[retention]`; 0 means no limit.
@@ -176,6 +188,9 @@ impl FileConfig {
         if let Some(group) = &self.socket.group {
             check_group("socket.group", group)?;
         }
+        if let Some(group) = &self.access.readers {
+            check_group("access.readers", group)?;
+        }
         Ok(())
     }
 }
@@ -197,6 +212,9 @@ impl Config {
         }
         if let Some(group) = &file.socket.group {
             self.socket_group = Some(group.clone());
+        }
+        if let Some(group) = &file.access.readers {
+            self.readers_group = Some(group.clone());
         }
         let r = &file.retention;
         set_limit(&mut self.retention.max_frames, r.max_frames);
@@ -246,6 +264,10 @@ impl Config {
             check_group("TETHER_SOCKET_GROUP", &group).map_err(bad)?;
             self.socket_group = Some(group);
         }
+        if let Some(group) = get("TETHER_READERS_GROUP") {
+            check_group("TETHER_READERS_GROUP", &group).map_err(bad)?;
+            self.readers_group = Some(group);
+        }
         if let Some(v) = get("TETHER_RETENTION_MAX_FRAMES") {
             let n = number("TETHER_RETENTION_MAX_FRAMES", &v)?;
             set_limit(&mut self.retention.max_frames, Some(n));
@@ -286,6 +308,7 @@ impl Config {
         );
         differs("socket.mode", self.socket_mode != new.socket_mode);
         differs("socket.group", self.socket_group != new.socket_group);
+        differs("access.readers", self.readers_group != new.readers_group);
         differs(
             "restart.max_restarts",
             self.default_max_restarts != new.default_max_restarts,
@@ -406,6 +429,8 @@ mod tests {
             [socket]
             mode = 0o660
             group = "tether"
+            [access]
+            readers = "tether-readers"
             [retention]
             max_frames = 100
             max_bytes = 0
@@ -422,6 +447,7 @@ mod tests {
         assert_eq!(config.max_connections, 10);
         assert_eq!(config.socket_mode, 0o660);
         assert_eq!(config.socket_group.as_deref(), Some("tether"));
+        assert_eq!(config.readers_group.as_deref(), Some("tether-readers"));
         assert_eq!(config.retention.max_frames, Some(100));
         assert_eq!(config.retention.max_bytes, None, "0 means no limit");
         assert_eq!(config.retention.max_age, Some(Duration::from_secs(60)));

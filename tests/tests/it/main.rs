@@ -16,6 +16,8 @@ mod compaction;
 mod crash_resume;
 mod exit_codes;
 mod publish_tail;
+mod remote_access;
+mod remote_ssh;
 mod replay_cutover;
 mod signals;
 mod single_instance;
