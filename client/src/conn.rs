@@ -440,6 +440,17 @@ pub(crate) fn unexpected(wanted: &str, got: &Response) -> Error {
     Error::Protocol(format!("expected {wanted}, got {}", got.name()))
 }
 
+/// True for a daemon that is up but cannot store (disk full, store error):
+/// worth telling the user, unlike a daemon restarting.
+fn is_storage_fault(cause: &Error) -> bool {
+    matches!(
+        cause,
+        Error::Daemon { code, .. }
+            if *code == tether_protocol::ErrorCode::STORAGE_FULL
+                || *code == tether_protocol::ErrorCode::STORAGE
+    )
+}
+
 /// Where a [`Link`] stands.
 #[derive(Debug)]
 pub enum LinkState {
@@ -609,6 +620,11 @@ impl Link {
     pub fn lose(&mut self, cause: Error) -> Result<()> {
         if cause.is_transient() {
             tracing::debug!(endpoint = %self.connector.endpoint, "session lost: {cause}");
+            if self.outage_since.is_none() && is_storage_fault(&cause) {
+                // A full disk can last; say so once per outage rather than
+                // retrying in silence (nothing unacknowledged is dropped).
+                eprintln!("tether: {cause}; keeping unacknowledged data and retrying");
+            }
             self.outage_since.get_or_insert_with(Instant::now);
             self.state = LinkState::Down(cause);
             Ok(())
