@@ -148,6 +148,7 @@ impl Queue {
             rx,
             state: State::default(),
             healthy: true,
+            failed_from: HashMap::new(),
             last_ts: 0,
             dirty: VecDeque::new(),
             dirty_set: HashSet::new(),
@@ -741,10 +742,42 @@ impl State {
 #[derive(Debug, Default)]
 struct Staged {
     streams: BTreeMap<String, Vec<(u64, Frame)>>,
-    producers: HashSet<(String, String)>,
+    /// Producers whose dedupe state changed, by stream, with the first
+    /// producer seq this batch stored for each.
+    producers: HashMap<String, HashMap<String, u64>>,
     created_stream: bool,
     /// Checkpoints saved, in order, as `ps` will show them.
     checkpoints: Vec<(String, CheckpointRef)>,
+}
+
+impl Staged {
+    /// Notes that `producer`'s dedupe state on `stream` changed; copies the
+    /// names only the first time in a batch.
+    fn stage_producer(&mut self, stream: &str, producer: &str, producer_seq: u64) {
+        match self.producers.get_mut(stream) {
+            Some(firsts) => {
+                if !firsts.contains_key(producer) {
+                    firsts.insert(producer.to_owned(), producer_seq);
+                }
+            }
+            None => {
+                self.producers.insert(
+                    stream.to_owned(),
+                    HashMap::from([(producer.to_owned(), producer_seq)]),
+                );
+            }
+        }
+    }
+
+    /// Stages a stored frame for publication after the commit.
+    fn stage_frame(&mut self, stream: &str, seq: u64, frame: Frame) {
+        match self.streams.get_mut(stream) {
+            Some(frames) => frames.push((seq, frame)),
+            None => {
+                self.streams.insert(stream.to_owned(), vec![(seq, frame)]);
+            }
+        }
+    }
 }
 
 enum Wait {
@@ -769,6 +802,13 @@ struct Writer {
     dirty_set: HashSet<String>,
     next_age_check: Instant,
     compaction_paused_until: Option<Instant>,
+    /// For each (stream, producer) whose appends failed to commit: the
+    /// first producer seq that was not stored. Appends of that producer
+    /// queued behind the failed ones would otherwise be stored after a gap,
+    /// and the resent ones then taken for duplicates and lost; so until
+    /// that seq is resent, later ones are refused (a retryable storage
+    /// error, answered by a resend from the client's last ack).
+    failed_from: HashMap<String, HashMap<String, u64>>,
 }
 
 impl Writer {
@@ -982,7 +1022,7 @@ impl Writer {
         let mut staged = Staged::default();
         let store = self.store.clone();
         let committed = store.write(|txn| {
-            for request in &requests {
+            for request in requests {
                 let result = self.apply(txn, request, ts, &mut staged)?;
                 results.push(result);
             }
@@ -999,6 +1039,7 @@ impl Writer {
                 // Reopen first, so that readers woken by these answers find
                 // a working store.
                 self.after_failure("commit", &e);
+                self.remember_failed(&staged);
                 let mut results = results.into_iter();
                 for reply in replies {
                     match results.next() {
@@ -1015,35 +1056,37 @@ impl Writer {
     /// Applies one request to the transaction and the caches. The outer
     /// error is a storage failure (the batch fails); the inner one refuses
     /// this request alone, before it changed anything.
+    /// Takes the request by value so that appends move their names and
+    /// payloads into the outcome and the frame instead of copying them.
     fn apply(
         &mut self,
         txn: &mut WriteTxn<'_>,
-        request: &Request,
+        request: Request,
         ts: u64,
         staged: &mut Staged,
     ) -> Result<Result<Outcome>> {
         match request {
             Request::Append(appends) => self.apply_appends(txn, appends, ts, staged),
             Request::OpenConsumer { stream, consumer } => {
-                self.apply_open_consumer(txn, stream, consumer)
+                self.apply_open_consumer(txn, &stream, &consumer)
             }
             Request::Ack {
                 stream,
                 consumer,
                 through_seq,
-            } => self.apply_ack(txn, stream, consumer, *through_seq),
+            } => self.apply_ack(txn, &stream, &consumer, through_seq),
             Request::Record {
                 execution,
                 manifest,
                 events,
                 resume,
-            } => self.apply_record(txn, execution, manifest, events, *resume, ts, staged),
-            Request::SaveCheckpoint(save) => self.apply_checkpoint(txn, save, ts, staged),
+            } => self.apply_record(txn, &execution, &manifest, &events, resume, ts, staged),
+            Request::SaveCheckpoint(save) => self.apply_checkpoint(txn, &save, ts, staged),
             Request::PutStep {
                 execution,
                 step,
                 result,
-            } => self.apply_step(txn, execution, step, result),
+            } => self.apply_step(txn, &execution, &step, &result),
             // Separated out by `process`; never part of a transaction.
             Request::Compact | Request::SetRetention(_) => Ok(Ok(Outcome::Done)),
         }
@@ -1052,29 +1095,36 @@ impl Writer {
     fn apply_appends(
         &mut self,
         txn: &mut WriteTxn<'_>,
-        appends: &[Append],
+        appends: Vec<Append>,
         ts: u64,
         staged: &mut Staged,
     ) -> Result<Result<Outcome>> {
-        for a in appends {
+        for a in &appends {
             let valid = validate_name("stream", &a.stream)
                 .and_then(|()| validate_name("producer", &a.producer));
             if let Err(e) = valid {
                 return Ok(Err(e.into()));
             }
         }
+        if let Err(e) = self.check_resumed(&appends) {
+            return Ok(Err(e));
+        }
         let mut outcomes = Vec::with_capacity(appends.len());
+        // Per frame nothing is allocated here unless a stream or producer
+        // is new to the batch: names move into the outcome, and the
+        // payload into the frame.
         for a in appends {
             let stream = self.stream_or_create(&a.stream, ts, staged);
             let mut outcome = AppendOutcome {
-                stream: a.stream.clone(),
-                producer: a.producer.clone(),
+                stream: a.stream,
+                producer: a.producer,
                 producer_seq: a.producer_seq,
                 seq: 0,
                 duplicate: false,
             };
-            if let Some(p) = stream.producers.get(&a.producer) {
-                if a.producer_seq <= p.producer_seq {
+            let known = stream.producers.get_mut(&outcome.producer);
+            if let Some(p) = &known {
+                if outcome.producer_seq <= p.producer_seq {
                     outcome.seq = p.seq;
                     outcome.duplicate = true;
                     outcomes.push(outcome);
@@ -1084,23 +1134,80 @@ impl Writer {
             let frame = Frame {
                 ts_micros: ts,
                 kind: a.kind,
-                payload: a.payload.clone(),
+                payload: a.payload,
             };
-            let seq = put_new_frame(txn, &a.stream, stream, frame, staged)?;
-            stream.producers.insert(
-                a.producer.clone(),
-                ProducerState {
-                    producer_seq: a.producer_seq,
-                    seq,
-                },
-            );
-            staged
-                .producers
-                .insert((a.stream.clone(), a.producer.clone()));
-            outcome.seq = seq;
+            let state = ProducerState {
+                producer_seq: outcome.producer_seq,
+                seq: stream.meta.last_seq + 1,
+            };
+            match known {
+                Some(p) => *p = state,
+                None => {
+                    stream.producers.insert(outcome.producer.clone(), state);
+                }
+            }
+            outcome.seq = put_new_frame(txn, &outcome.stream, stream, frame, staged)?;
+            staged.stage_producer(&outcome.stream, &outcome.producer, outcome.producer_seq);
             outcomes.push(outcome);
         }
+        if !self.failed_from.is_empty() {
+            self.forget_resumed(&outcomes);
+        }
         Ok(Ok(Outcome::Appended(outcomes)))
+    }
+
+    /// Records, after a failed commit, where each producer of the batch
+    /// must resume.
+    fn remember_failed(&mut self, staged: &Staged) {
+        for (stream, firsts) in &staged.producers {
+            let failed = self.failed_from.entry(stream.clone()).or_default();
+            for (producer, &first) in firsts {
+                let from = failed.entry(producer.clone()).or_insert(first);
+                *from = (*from).min(first);
+            }
+        }
+    }
+
+    /// Refuses appends that would skip the first unstored seq of a
+    /// producer whose earlier appends failed (see `failed_from`).
+    fn check_resumed(&self, appends: &[Append]) -> Result<()> {
+        if self.failed_from.is_empty() {
+            return Ok(());
+        }
+        let mut resumed: Vec<(&str, &str)> = Vec::new();
+        for a in appends {
+            let from = self
+                .failed_from
+                .get(&a.stream)
+                .and_then(|m| m.get(&a.producer));
+            let Some(&from) = from else { continue };
+            let key = (a.stream.as_str(), a.producer.as_str());
+            if a.producer_seq == from {
+                resumed.push(key);
+            } else if a.producer_seq > from && !resumed.contains(&key) {
+                return Err(Error::Storage(format!(
+                    "appends of producer {} on stream {} from producer seq {from} were not \
+                     stored (a commit failed); resend from there",
+                    a.producer, a.stream
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets where producers must resume once they have.
+    fn forget_resumed(&mut self, outcomes: &[AppendOutcome]) {
+        for o in outcomes.iter().filter(|o| !o.duplicate) {
+            let Some(failed) = self.failed_from.get_mut(&o.stream) else {
+                continue;
+            };
+            if failed.get(&o.producer) == Some(&o.producer_seq) {
+                failed.remove(&o.producer);
+            }
+            if failed.is_empty() {
+                self.failed_from.remove(&o.stream);
+            }
+        }
     }
 
     /// Stores a manifest and appends its lifecycle events (and, for a new
@@ -1261,21 +1368,24 @@ impl Writer {
     }
 
     fn stream_or_create(&mut self, name: &str, ts: u64, staged: &mut Staged) -> &mut StreamState {
-        let next_id = &mut self.state.next_stream_id;
+        // Looked up before any `entry`, which would copy the name for
+        // every frame.
+        if !self.state.streams.contains_key(name) {
+            let id = self.state.next_stream_id;
+            self.state.next_stream_id += 1;
+            staged.created_stream = true;
+            let created = StreamState {
+                meta: StreamMeta::new(id, ts),
+                producers: HashMap::new(),
+                consumers: BTreeMap::new(),
+                oldest_ts: None,
+            };
+            self.state.streams.insert(name.to_owned(), created);
+        }
         self.state
             .streams
-            .entry(name.to_owned())
-            .or_insert_with(|| {
-                let id = *next_id;
-                *next_id += 1;
-                staged.created_stream = true;
-                StreamState {
-                    meta: StreamMeta::new(id, ts),
-                    producers: HashMap::new(),
-                    consumers: BTreeMap::new(),
-                    oldest_ts: None,
-                }
-            })
+            .get_mut(name)
+            .unwrap_or_else(|| unreachable!("the stream was just inserted"))
     }
 
     fn apply_open_consumer(
@@ -1334,14 +1444,14 @@ impl Writer {
                 txn.put_stream(name, &s.meta)?;
             }
         }
-        for (stream, producer) in &staged.producers {
-            let state = self
-                .state
-                .streams
-                .get(stream)
-                .and_then(|s| s.producers.get(producer));
-            if let (Some(s), Some(state)) = (self.state.streams.get(stream), state) {
-                txn.put_producer(s.meta.id, producer, *state)?;
+        for (stream, producers) in &staged.producers {
+            let Some(s) = self.state.streams.get(stream) else {
+                continue;
+            };
+            for producer in producers.keys() {
+                if let Some(state) = s.producers.get(producer) {
+                    txn.put_producer(s.meta.id, producer, *state)?;
+                }
             }
         }
         if staged.created_stream {
@@ -1553,11 +1663,7 @@ fn put_new_frame(
     stream.meta.last_seq = seq;
     stream.meta.frames += 1;
     stream.meta.bytes += frame.payload.len() as u64;
-    staged
-        .streams
-        .entry(name.to_owned())
-        .or_default()
-        .push((seq, frame));
+    staged.stage_frame(name, seq, frame);
     Ok(seq)
 }
 

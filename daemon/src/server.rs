@@ -115,10 +115,48 @@ fn resolve_group(group: &str) -> Result<u32> {
         })
 }
 
+/// Descriptors kept free for everything but sessions: the store, the lock,
+/// shims' pidfds and log files, and the moment a connection over the limit
+/// is held open to be refused.
+const RESERVED_FDS: u64 = 128;
+
+/// Sessions served at once: the configured limit, lowered to what the
+/// process's descriptor limit `fds` leaves room for. A connection beyond
+/// the descriptor limit cannot even be accepted (EMFILE), so its client
+/// would wait without an answer instead of being refused clearly.
+fn session_limit(configured: usize, fds: Option<u64>) -> usize {
+    let Some(fds) = fds else {
+        return configured;
+    };
+    let fit = usize::try_from(fds.saturating_sub(RESERVED_FDS))
+        .unwrap_or(usize::MAX)
+        .max(1);
+    if fit < configured {
+        tracing::warn!(
+            "serving at most {fit} connections instead of {configured}: \
+             the open-file limit is {fds} (raise it with LimitNOFILE= or ulimit -n)"
+        );
+    }
+    configured.min(fit)
+}
+
+/// The soft limit on open files (`RLIMIT_NOFILE`), if it can be read.
+#[allow(unsafe_code)]
+fn open_file_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) only writes into the struct we own.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    (rc == 0).then_some(limit.rlim_cur)
+}
+
 /// Accepts connections until `shutdown` is cancelled, then waits (bounded)
 /// for the running sessions to finish what they have in flight.
 pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let limit = Arc::new(Semaphore::new(shared.config.max_connections));
+    let max = session_limit(shared.config.max_connections, open_file_limit());
+    let limit = Arc::new(Semaphore::new(max));
     let policy = Policy::for_this_process(shared.config.readers_group.clone());
     let tracker = TaskTracker::new();
     loop {
@@ -153,7 +191,6 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: Cancel
                 });
             }
             Err(_) => {
-                let max = shared.config.max_connections;
                 tracker.spawn(refuse(stream, max));
             }
         }
@@ -179,4 +216,29 @@ async fn refuse(stream: UnixStream, max: usize) {
         message: format!("the daemon is serving its maximum of {max} connections; try again later"),
     });
     let _ = tokio::time::timeout(Duration::from_secs(1), out.send(refusal)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_session_limit_leaves_room_under_the_open_file_limit() {
+        assert_eq!(
+            session_limit(4096, Some(1024)),
+            1024 - RESERVED_FDS as usize
+        );
+        assert_eq!(session_limit(100, Some(1024)), 100);
+        assert_eq!(session_limit(4096, Some(u64::MAX)), 4096);
+        assert_eq!(session_limit(4096, None), 4096);
+        // A limit too small for the reserve still serves one session.
+        assert_eq!(session_limit(4096, Some(10)), 1);
+    }
+
+    #[test]
+    fn the_open_file_limit_can_be_read() {
+        assert!(open_file_limit().is_some_and(|n| n > 0));
+    }
 }

@@ -10,7 +10,7 @@
 //! | table | key | value |
 //! |---|---|---|
 //! | `streams` | stream name | postcard [`StreamMeta`] |
-//! | `frames` | (stream id, seq) | encoded frame (see [`encode_frame`]) |
+//! | `chunks` | (stream id, first seq) | the frames of one group commit (see below) |
 //! | `producers` | (stream id, producer) | (newest producer_seq, its stream seq) |
 //! | `consumers` | (stream id, consumer) | acked_through |
 //! | `meta` | key | u64 (schema version, next stream id) |
@@ -25,9 +25,26 @@
 //! the same reason. The store keeps manifests as opaque bytes: their layout
 //! belongs to the supervisor.
 //!
-//! Frames are encoded and decoded only by [`encode_frame`] and the private
-//! readers here, so the key layout (one row per frame today) can later change
-//! to one chunk per group commit without touching any caller.
+//! # Chunks
+//!
+//! The frames one write transaction appends to a stream are stored as one
+//! value, a chunk, keyed by the seq of its first frame: a row per frame
+//! would cap ingest near redb's own rate of inserts, while a chunk costs
+//! one insert per stream per commit. The frame with seq K is in the chunk
+//! with the greatest key at or below (stream id, K), found with one reverse
+//! range query. A chunk is a `u32` little-endian frame count, then per frame
+//! a postcard [`FrameHead`] followed by the payload's bytes.
+//!
+//! Chunks hold exactly the retained frames: compaction deletes the chunks
+//! wholly below the new first seq and rewrites the one that straddles it,
+//! under the key of its first retained frame, so that no reader ever needs
+//! the stream's metadata to tell retained frames from deleted ones.
+//!
+//! Reads copy the part of a chunk they return into one buffer and hand out
+//! payloads as slices of it: one allocation per chunk read, not per frame.
+//!
+//! Schema version 2 introduced chunks; a version 1 file (one row per frame)
+//! is refused with a message naming both versions, not migrated.
 //!
 //! # Failures
 //!
@@ -35,6 +52,7 @@
 //! cannot know what reached the disk), so [`Store::recover`] reopens the file,
 //! letting redb's own recovery bring it back to the last commit.
 
+use std::collections::HashMap;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -52,7 +70,7 @@ use crate::{Error, Result};
 
 /// The layout version this build reads and writes. A file with another
 /// version is refused rather than misread.
-pub const SCHEMA_VERSION: u64 = 1;
+pub const SCHEMA_VERSION: u64 = 2;
 
 /// redb's page cache. Bounded so that the daemon's memory does not grow with
 /// the store; large enough to hold a full group commit in its write buffer.
@@ -62,7 +80,7 @@ pub const SCHEMA_VERSION: u64 = 1;
 const CACHE_BYTES: usize = 16 * 1024 * 1024;
 
 const STREAMS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("streams");
-const FRAMES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("frames");
+const CHUNKS: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("chunks");
 const PRODUCERS: TableDefinition<'_, (u64, &str), (u64, u64)> = TableDefinition::new("producers");
 const CONSUMERS: TableDefinition<'_, (u64, &str), u64> = TableDefinition::new("consumers");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
@@ -212,11 +230,11 @@ impl Store {
         let txn = db.begin_write().map_err(storage)?;
         {
             txn.open_table(STREAMS).map_err(storage)?;
-            txn.open_table(FRAMES).map_err(storage)?;
+            txn.open_table(CHUNKS).map_err(storage)?;
             txn.open_table(PRODUCERS).map_err(storage)?;
             txn.open_table(CONSUMERS).map_err(storage)?;
-            // Added after version 1 without a version bump: a version 1
-            // file simply gets the empty table, and older builds ignore it.
+            // Added in version 1 without a version bump: such a file
+            // simply got the empty table, and older builds ignored it.
             txn.open_table(EXECUTIONS).map_err(storage)?;
             txn.open_table(CHECKPOINTS).map_err(storage)?;
             txn.open_table(STEPS).map_err(storage)?;
@@ -231,7 +249,8 @@ impl Store {
                     return Err(Error::CorruptStore {
                         path: self.path.clone(),
                         detail: format!(
-                            "schema version {other}; this build reads version {SCHEMA_VERSION}"
+                            "schema version {other}; this build reads version {SCHEMA_VERSION} \
+                             only (version 2 stores frames in chunks; older files are not converted)"
                         ),
                     })
                 }
@@ -419,23 +438,28 @@ impl Store {
         if from_seq < meta.first_seq || from_seq > through {
             return Ok(chunk);
         }
-        let table = txn.open_table(FRAMES).map_err(|e| self.fail(e))?;
-        let mut bytes = 0usize;
+        let table = txn.open_table(CHUNKS).map_err(|e| self.fail(e))?;
+        let start = chunk_holding(&table, meta.id, from_seq).map_err(|e| self.fail(e))?;
         let range = table
-            .range((meta.id, from_seq)..=(meta.id, through))
+            .range((meta.id, start.unwrap_or(from_seq))..=(meta.id, through))
             .map_err(|e| self.fail(e))?;
-        for (expected, item) in (from_seq..).zip(range) {
+        let mut reader = ChunkReader {
+            stream,
+            next_seq: from_seq,
+            through,
+            limits,
+            bytes: 0,
+        };
+        for item in range {
             let (key, value) = item.map_err(|e| self.fail(e))?;
-            let (_, seq) = key.value();
-            if seq != expected {
+            let (_, first) = key.value();
+            if first > reader.next_seq {
                 return Err(Error::Storage(format!(
-                    "stream {stream:?} is missing frame {expected} (next stored is {seq})"
+                    "stream {stream:?} is missing frame {} (the next stored chunk starts at {first})",
+                    reader.next_seq
                 )));
             }
-            let frame = decode_frame(stream, seq, value.value())?;
-            bytes += frame.payload.len();
-            chunk.frames.push((seq, frame));
-            if chunk.frames.len() >= limits.max_frames || bytes >= limits.max_bytes {
+            if reader.take(first, value.value(), &mut chunk.frames)? {
                 break;
             }
         }
@@ -456,12 +480,25 @@ impl Store {
     fn frame_ts_once(&self, stream_id: u64, seq: u64) -> Result<Option<u64>> {
         let guard = self.handle()?;
         let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
-        let table = txn.open_table(FRAMES).map_err(|e| self.fail(e))?;
-        let value = table.get((stream_id, seq)).map_err(|e| self.fail(e))?;
-        value
-            .map(|v| decode_frame_ref(v.value()).map(|f| f.ts_micros))
-            .transpose()
-            .map_err(|e| corrupt_frame(&format!("#{stream_id}"), seq, &e))
+        let table = txn.open_table(CHUNKS).map_err(|e| self.fail(e))?;
+        let Some(first) = chunk_holding(&table, stream_id, seq).map_err(|e| self.fail(e))? else {
+            return Ok(None);
+        };
+        let value = table
+            .get((stream_id, first))
+            .map_err(|e| self.fail(e))?
+            .ok_or_else(|| {
+                Error::Storage(format!("chunk {first} of stream #{stream_id} vanished"))
+            })?;
+        for f in
+            ChunkIter::new(first, value.value()).map_err(|e| corrupt_chunk(stream_id, first, &e))?
+        {
+            let f = f.map_err(|e| corrupt_chunk(stream_id, first, &e))?;
+            if f.seq == seq {
+                return Ok(Some(f.ts_micros));
+            }
+        }
+        Ok(None)
     }
 
     /// Every execution manifest, as (execution id, encoded manifest), in id
@@ -644,7 +681,10 @@ impl Store {
 /// The tables of one write transaction, open for writing.
 pub struct WriteTxn<'t> {
     streams: Table<'t, &'static str, &'static [u8]>,
-    frames: Table<'t, (u64, u64), &'static [u8]>,
+    chunks: Table<'t, (u64, u64), &'static [u8]>,
+    /// Frames appended in this transaction, one chunk per stream id,
+    /// written to `chunks` just before the commit.
+    pending: HashMap<u64, PendingChunk>,
     producers: Table<'t, (u64, &'static str), (u64, u64)>,
     consumers: Table<'t, (u64, &'static str), u64>,
     meta: Table<'t, &'static str, u64>,
@@ -672,16 +712,35 @@ impl WriteTxn<'_> {
         result.map_err(storage)
     }
 
-    /// Stores one frame.
+    /// Stores one frame. Frames of one stream appended in one transaction
+    /// with consecutive seqs are stored together as one chunk when the
+    /// transaction commits.
     pub fn put_frame(&mut self, stream_id: u64, seq: u64, frame: &Frame) -> Result<()> {
-        self.scratch.clear();
-        let bytes = encode_frame(frame, std::mem::take(&mut self.scratch))?;
-        let result = self
-            .frames
-            .insert((stream_id, seq), bytes.as_slice())
-            .map(drop);
-        self.scratch = bytes;
-        result.map_err(storage)
+        let pending = self
+            .pending
+            .entry(stream_id)
+            .or_insert_with(|| PendingChunk::new(seq));
+        if pending.next_seq() != seq {
+            // Not a continuation (callers do not do this today): the chunk
+            // so far is complete on its own.
+            let done = std::mem::replace(pending, PendingChunk::new(seq));
+            insert_chunk(&mut self.chunks, stream_id, done)?;
+        }
+        match self.pending.get_mut(&stream_id) {
+            Some(pending) => pending.push(frame),
+            None => Err(Error::Storage(
+                "internal error: pending chunk vanished".into(),
+            )),
+        }
+    }
+
+    /// Writes the chunks gathered so far, so that the rest of the
+    /// transaction (and the commit) sees them.
+    fn flush_chunks(&mut self) -> Result<()> {
+        for (stream_id, chunk) in self.pending.drain() {
+            insert_chunk(&mut self.chunks, stream_id, chunk)?;
+        }
+        Ok(())
     }
 
     /// Stores a producer's dedupe state.
@@ -785,52 +844,98 @@ impl WriteTxn<'_> {
     /// Deletes frames of a stream from `from_seq` on, in seq order, while
     /// `delete` says yes, looking at no frame beyond `through_seq`. Only a
     /// prefix is ever deleted: the first frame `delete` refuses ends the run.
+    /// `from_seq` must be the stream's first retained seq.
     pub fn delete_prefix(
         &mut self,
+        stream_id: u64,
+        from_seq: u64,
+        through_seq: u64,
+        delete: impl FnMut(FrameInfo) -> bool,
+    ) -> Result<Deleted> {
+        self.flush_chunks()?;
+        let out = self.choose_prefix(stream_id, from_seq, through_seq, delete)?;
+        if out.frames > 0 {
+            self.cut_chunks(stream_id, from_seq + out.frames)?;
+        }
+        Ok(out)
+    }
+
+    /// Shows `delete` the frames from `from_seq` through `through_seq` until
+    /// it refuses one; deletes nothing.
+    fn choose_prefix(
+        &self,
         stream_id: u64,
         from_seq: u64,
         through_seq: u64,
         mut delete: impl FnMut(FrameInfo) -> bool,
     ) -> Result<Deleted> {
         let mut out = Deleted::default();
+        let Some(start) = chunk_holding(&self.chunks, stream_id, from_seq).map_err(storage)? else {
+            return Ok(out);
+        };
+        let range = self
+            .chunks
+            .range((stream_id, start)..=(stream_id, through_seq))
+            .map_err(storage)?;
+        for item in range {
+            let (key, value) = item.map_err(storage)?;
+            let (_, first) = key.value();
+            let corrupt = |e: &postcard::Error| corrupt_chunk(stream_id, first, e);
+            for f in ChunkIter::new(first, value.value()).map_err(|e| corrupt(&e))? {
+                let f = f.map_err(|e| corrupt(&e))?;
+                if f.seq < from_seq {
+                    continue;
+                }
+                if f.seq > through_seq {
+                    return Ok(out);
+                }
+                let info = FrameInfo {
+                    seq: f.seq,
+                    ts_micros: f.ts_micros,
+                    payload_len: f.payload.len() as u64,
+                };
+                if !delete(info) {
+                    out.first_kept = Some(info);
+                    return Ok(out);
+                }
+                out.frames += 1;
+                out.bytes += info.payload_len;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Makes `new_first` the stream's first stored seq: deletes the chunks
+    /// wholly below it and rewrites the one holding it to start with it.
+    fn cut_chunks(&mut self, stream_id: u64, new_first: u64) -> Result<()> {
+        let mut straddling = None;
         let mut failure = None;
-        let mut stopped = false;
-        self.frames
+        self.chunks
             .retain_in(
-                (stream_id, from_seq)..=(stream_id, through_seq),
-                |key, value| {
-                    if stopped {
-                        return true;
-                    }
-                    let (_, seq) = key;
-                    let info = match decode_frame_ref(value) {
-                        Ok(f) => FrameInfo {
-                            seq,
-                            ts_micros: f.ts_micros,
-                            payload_len: f.payload.len() as u64,
-                        },
-                        Err(e) => {
-                            failure = Some(corrupt_frame(&format!("#{stream_id}"), seq, &e));
-                            stopped = true;
-                            return true;
+                (stream_id, 0)..(stream_id, new_first),
+                |(_, first), value| {
+                    match chunk_len(value) {
+                        Ok(n) if first + u64::from(n) > new_first => {
+                            straddling = Some((first, value.to_vec()));
                         }
-                    };
-                    if delete(info) {
-                        out.frames += 1;
-                        out.bytes += info.payload_len;
-                        false
-                    } else {
-                        stopped = true;
-                        out.first_kept = Some(info);
-                        true
+                        Ok(_) => {}
+                        Err(e) => failure = Some(corrupt_chunk(stream_id, first, &e)),
                     }
+                    failure.is_some()
                 },
             )
             .map_err(storage)?;
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(out),
+        if let Some(e) = failure {
+            return Err(e);
         }
+        if let Some((first, value)) = straddling {
+            let rest = chunk_from(first, &value, new_first)
+                .map_err(|e| corrupt_chunk(stream_id, first, &e))?;
+            self.chunks
+                .insert((stream_id, new_first), rest.as_slice())
+                .map_err(storage)?;
+        }
+        Ok(())
     }
 }
 
@@ -840,7 +945,8 @@ fn write_in<T>(db: &Database, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) ->
     let value = {
         let mut tables = WriteTxn {
             streams: txn.open_table(STREAMS).map_err(storage)?,
-            frames: txn.open_table(FRAMES).map_err(storage)?,
+            chunks: txn.open_table(CHUNKS).map_err(storage)?,
+            pending: HashMap::new(),
             producers: txn.open_table(PRODUCERS).map_err(storage)?,
             consumers: txn.open_table(CONSUMERS).map_err(storage)?,
             meta: txn.open_table(META).map_err(storage)?,
@@ -849,7 +955,7 @@ fn write_in<T>(db: &Database, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) ->
             steps: txn.open_table(STEPS).map_err(storage)?,
             scratch: Vec::new(),
         };
-        f(&mut tables)
+        f(&mut tables).and_then(|value| tables.flush_chunks().map(|()| value))
     };
     match value {
         Ok(value) => commit(txn).map(|()| value),
@@ -995,39 +1101,259 @@ fn is_disk_full(e: &io::Error) -> bool {
     ) || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
-/// A frame as stored, borrowing its payload from the page it was read from.
-/// It decodes the bytes [`encode_frame`] writes for a [`Frame`]: postcard
-/// writes a byte string as a varint length and the bytes, whichever of the
-/// two types produced it.
-#[derive(Deserialize)]
-struct FrameRef<'a> {
+/// What precedes each payload in a chunk. Postcard is not self-describing:
+/// the field order is the on-disk format.
+#[derive(Serialize, Deserialize)]
+struct FrameHead {
     ts_micros: u64,
     kind: FrameKind,
-    payload: &'a [u8],
+    len: u64,
 }
 
-/// Appends the stored form of `frame` to `buf`.
-pub fn encode_frame(frame: &Frame, buf: Vec<u8>) -> Result<Vec<u8>> {
-    postcard::to_extend(frame, buf).map_err(|e| Error::Storage(format!("cannot encode frame: {e}")))
+/// Bytes of the frame count at the start of every chunk.
+const COUNT_LEN: usize = 4;
+
+/// The frames of one stream appended in one transaction, encoded as the
+/// chunk they will be stored as.
+#[derive(Debug)]
+struct PendingChunk {
+    first_seq: u64,
+    count: u32,
+    bytes: Vec<u8>,
 }
 
-fn decode_frame_ref(bytes: &[u8]) -> std::result::Result<FrameRef<'_>, postcard::Error> {
-    postcard::from_bytes(bytes)
+impl PendingChunk {
+    fn new(first_seq: u64) -> Self {
+        Self {
+            first_seq,
+            count: 0,
+            bytes: vec![0; COUNT_LEN],
+        }
+    }
+
+    /// The seq the next frame pushed gets.
+    fn next_seq(&self) -> u64 {
+        self.first_seq + u64::from(self.count)
+    }
+
+    fn push(&mut self, frame: &Frame) -> Result<()> {
+        let head = FrameHead {
+            ts_micros: frame.ts_micros,
+            kind: frame.kind,
+            len: frame.payload.len() as u64,
+        };
+        let bytes = std::mem::take(&mut self.bytes);
+        self.bytes = postcard::to_extend(&head, bytes)
+            .map_err(|e| Error::Storage(format!("cannot encode frame: {e}")))?;
+        self.bytes.extend_from_slice(&frame.payload);
+        self.count = self
+            .count
+            .checked_add(1)
+            .ok_or_else(|| Error::Storage("too many frames in one transaction".into()))?;
+        Ok(())
+    }
+
+    /// The stored form: the count, then the frames.
+    fn finish(mut self) -> Vec<u8> {
+        self.bytes[..COUNT_LEN].copy_from_slice(&self.count.to_le_bytes());
+        self.bytes
+    }
 }
 
-fn decode_frame(stream: &str, seq: u64, bytes: &[u8]) -> Result<Frame> {
-    let f = decode_frame_ref(bytes).map_err(|e| corrupt_frame(stream, seq, &e))?;
-    Ok(Frame {
-        ts_micros: f.ts_micros,
-        kind: f.kind,
-        payload: Bytes::copy_from_slice(f.payload),
-    })
+fn insert_chunk(
+    table: &mut Table<'_, (u64, u64), &'static [u8]>,
+    stream_id: u64,
+    chunk: PendingChunk,
+) -> Result<()> {
+    if chunk.count == 0 {
+        return Ok(());
+    }
+    let first = chunk.first_seq;
+    table
+        .insert((stream_id, first), chunk.finish().as_slice())
+        .map(drop)
+        .map_err(storage)
 }
 
-fn corrupt_frame(stream: &str, seq: u64, e: &postcard::Error) -> Error {
+/// The key (first seq) of the chunk that would hold `seq`: the greatest at
+/// or below it. The chunk may end before `seq`.
+fn chunk_holding(
+    table: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    stream_id: u64,
+    seq: u64,
+) -> std::result::Result<Option<u64>, redb::StorageError> {
+    let mut range = table.range((stream_id, 0)..=(stream_id, seq))?;
+    match range.next_back() {
+        Some(item) => Ok(Some(item?.0.value().1)),
+        None => Ok(None),
+    }
+}
+
+/// How many frames a chunk holds.
+fn chunk_len(chunk: &[u8]) -> std::result::Result<u32, postcard::Error> {
+    chunk
+        .get(..COUNT_LEN)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes)
+        .ok_or(postcard::Error::DeserializeUnexpectedEnd)
+}
+
+/// The chunk that holds the frames of `chunk` (whose first seq is `first`)
+/// from `from_seq` on.
+fn chunk_from(
+    first: u64,
+    chunk: &[u8],
+    from_seq: u64,
+) -> std::result::Result<Vec<u8>, postcard::Error> {
+    let iter = ChunkIter::new(first, chunk)?;
+    let mut count = iter.remaining;
+    let mut start = COUNT_LEN;
+    for f in iter {
+        let f = f?;
+        if f.seq >= from_seq {
+            break;
+        }
+        count -= 1;
+        start = f.payload.end;
+    }
+    let mut out = Vec::with_capacity(COUNT_LEN + chunk.len() - start);
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(&chunk[start..]);
+    Ok(out)
+}
+
+/// One frame found in a chunk; its payload is a range of the chunk.
+#[derive(Debug)]
+struct ChunkFrame {
+    seq: u64,
+    ts_micros: u64,
+    kind: FrameKind,
+    payload: std::ops::Range<usize>,
+}
+
+/// The frames of a chunk in order, without copying anything.
+#[derive(Debug)]
+struct ChunkIter<'a> {
+    chunk: &'a [u8],
+    /// Where the next frame's head starts.
+    pos: usize,
+    next_seq: u64,
+    remaining: u32,
+}
+
+impl<'a> ChunkIter<'a> {
+    fn new(first: u64, chunk: &'a [u8]) -> std::result::Result<Self, postcard::Error> {
+        Ok(Self {
+            remaining: chunk_len(chunk)?,
+            chunk,
+            pos: COUNT_LEN,
+            next_seq: first,
+        })
+    }
+
+    fn read(&mut self) -> std::result::Result<ChunkFrame, postcard::Error> {
+        let rest = self
+            .chunk
+            .get(self.pos..)
+            .ok_or(postcard::Error::DeserializeUnexpectedEnd)?;
+        let (head, after) = postcard::take_from_bytes::<FrameHead>(rest)?;
+        let start = self.chunk.len() - after.len();
+        let end = usize::try_from(head.len)
+            .ok()
+            .and_then(|len| start.checked_add(len))
+            .filter(|&end| end <= self.chunk.len())
+            .ok_or(postcard::Error::DeserializeUnexpectedEnd)?;
+        self.pos = end;
+        Ok(ChunkFrame {
+            seq: self.next_seq,
+            ts_micros: head.ts_micros,
+            kind: head.kind,
+            payload: start..end,
+        })
+    }
+}
+
+impl Iterator for ChunkIter<'_> {
+    type Item = std::result::Result<ChunkFrame, postcard::Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let frame = self.read();
+        // A damaged chunk yields its error once and then nothing.
+        self.remaining = if frame.is_ok() { self.remaining - 1 } else { 0 };
+        self.next_seq += 1;
+        Some(frame)
+    }
+}
+
+/// Gathers frames for one [`Store::read_frames`] call, chunk after chunk.
+struct ChunkReader<'s> {
+    stream: &'s str,
+    next_seq: u64,
+    through: u64,
+    limits: ReadLimits,
+    /// Payload bytes gathered so far.
+    bytes: usize,
+}
+
+impl ChunkReader<'_> {
+    /// Appends the wanted frames of `chunk` (first seq `first`) to `out`;
+    /// true when the read is complete. The payloads share one copy of the
+    /// part of the chunk they span.
+    fn take(&mut self, first: u64, chunk: &[u8], out: &mut Vec<(u64, Frame)>) -> Result<bool> {
+        let corrupt = |e: &postcard::Error| corrupt_frame(self.stream, first, e);
+        let mut wanted = Vec::new();
+        let mut done = false;
+        for f in ChunkIter::new(first, chunk).map_err(|e| corrupt(&e))? {
+            let f = f.map_err(|e| corrupt(&e))?;
+            if f.seq < self.next_seq {
+                continue;
+            }
+            if f.seq > self.through {
+                done = true;
+                break;
+            }
+            self.bytes += f.payload.len();
+            self.next_seq = f.seq + 1;
+            wanted.push(f);
+            if out.len() + wanted.len() >= self.limits.max_frames
+                || self.bytes >= self.limits.max_bytes
+            {
+                done = true;
+                break;
+            }
+        }
+        done |= self.next_seq > self.through;
+        let (Some(lo), Some(hi)) = (wanted.first(), wanted.last()) else {
+            return Ok(done);
+        };
+        let base = lo.payload.start;
+        let shared = Bytes::copy_from_slice(&chunk[base..hi.payload.end]);
+        out.extend(wanted.into_iter().map(|f| {
+            let payload = shared.slice(f.payload.start - base..f.payload.end - base);
+            (
+                f.seq,
+                Frame {
+                    ts_micros: f.ts_micros,
+                    kind: f.kind,
+                    payload,
+                },
+            )
+        }));
+        Ok(done)
+    }
+}
+
+fn corrupt_frame(stream: &str, chunk: u64, e: &postcard::Error) -> Error {
     Error::Storage(format!(
-        "stored frame {seq} of stream {stream} is unreadable: {e}"
+        "stored chunk {chunk} of stream {stream} is unreadable: {e}"
     ))
+}
+
+fn corrupt_chunk(stream_id: u64, chunk: u64, e: &postcard::Error) -> Error {
+    corrupt_frame(&format!("#{stream_id}"), chunk, e)
 }
 
 fn decode_meta(stream: &str, bytes: &[u8]) -> Result<StreamMeta> {
@@ -1049,14 +1375,154 @@ mod tests {
         }
     }
 
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.redb")).unwrap();
+        (dir, store)
+    }
+
+    /// Stores seqs `from..=to` of stream 7 in one transaction (one chunk),
+    /// each with a payload naming its seq.
+    fn put(store: &Store, from: u64, to: u64) {
+        store
+            .write(|txn| {
+                for seq in from..=to {
+                    let payload = Bytes::from(format!("frame {seq}"));
+                    let f = Frame {
+                        ts_micros: seq,
+                        kind: FrameKind::Data,
+                        payload,
+                    };
+                    txn.put_frame(7, seq, &f)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
     #[test]
-    fn stored_frame_decodes_to_the_frame_written() {
-        let f = frame(b"hello \x00 world");
-        let bytes = encode_frame(&f, Vec::new()).unwrap();
-        assert_eq!(decode_frame("s", 1, &bytes).unwrap(), f);
-        let empty = frame(b"");
-        let bytes = encode_frame(&empty, Vec::new()).unwrap();
-        assert_eq!(decode_frame("s", 1, &bytes).unwrap(), empty);
+    fn a_chunk_gives_back_the_frames_written() {
+        let mut chunk = PendingChunk::new(5);
+        chunk.push(&frame(b"hello \x00 world")).unwrap();
+        chunk.push(&frame(b"")).unwrap();
+        let bytes = chunk.finish();
+        let frames: Vec<ChunkFrame> = ChunkIter::new(5, &bytes)
+            .unwrap()
+            .map(|f| f.unwrap())
+            .collect();
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[0].seq, 5);
+        assert_eq!(&bytes[frames[0].payload.clone()], b"hello \x00 world");
+        assert_eq!(frames[1].seq, 6);
+        assert!(frames[1].payload.is_empty());
+        assert_eq!(frames[1].kind, FrameKind::Stdout);
+        assert!(ChunkIter::new(1, &bytes[..bytes.len() - 3])
+            .unwrap()
+            .any(|f| f.is_err()));
+    }
+
+    #[test]
+    fn chunk_from_keeps_the_tail() {
+        let mut chunk = PendingChunk::new(1);
+        for p in [&b"a"[..], b"bb", b"ccc"] {
+            chunk.push(&frame_of(p)).unwrap();
+        }
+        let tail = chunk_from(1, &chunk.finish(), 2).unwrap();
+        let seqs: Vec<(u64, usize)> = ChunkIter::new(2, &tail)
+            .unwrap()
+            .map(|f| f.map(|f| (f.seq, f.payload.len())).unwrap())
+            .collect();
+        assert_eq!(seqs, vec![(2, 2), (3, 3)]);
+    }
+
+    fn frame_of(payload: &[u8]) -> Frame {
+        Frame {
+            ts_micros: 1,
+            kind: FrameKind::Data,
+            payload: Bytes::copy_from_slice(payload),
+        }
+    }
+
+    #[test]
+    fn reads_cross_chunks_and_start_inside_one() {
+        let (_dir, store) = store();
+        store
+            .write(|txn| {
+                txn.put_stream(
+                    "s",
+                    &StreamMeta {
+                        id: 7,
+                        first_seq: 1,
+                        last_seq: 10,
+                        frames: 10,
+                        bytes: 0,
+                        created_micros: 0,
+                    },
+                )
+            })
+            .unwrap();
+        put(&store, 1, 4);
+        put(&store, 5, 5);
+        put(&store, 6, 10);
+        let limits = ReadLimits {
+            max_frames: 100,
+            max_bytes: usize::MAX,
+            through_seq: 8,
+        };
+        let read = store.read_frames("s", 3, limits).unwrap();
+        let seqs: Vec<u64> = read.frames.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, vec![3, 4, 5, 6, 7, 8]);
+        for (seq, f) in &read.frames {
+            assert_eq!(f.payload, Bytes::from(format!("frame {seq}")));
+            assert_eq!(f.ts_micros, *seq);
+        }
+        let limits = ReadLimits {
+            max_frames: 3,
+            ..limits
+        };
+        let read = store.read_frames("s", 4, limits).unwrap();
+        let seqs: Vec<u64> = read.frames.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, vec![4, 5, 6]);
+    }
+
+    #[test]
+    fn compaction_deletes_whole_chunks_and_rewrites_a_straddling_one() {
+        let (_dir, store) = store();
+        put(&store, 1, 4);
+        put(&store, 5, 8);
+        let deleted = store
+            .write(|txn| txn.delete_prefix(7, 1, 8, |info| info.seq < 6))
+            .unwrap();
+        assert_eq!(deleted.frames, 5);
+        assert_eq!(deleted.first_kept.map(|i| i.seq), Some(6));
+        for seq in 1..=5 {
+            assert_eq!(store.frame_ts(7, seq).unwrap(), None, "seq {seq}");
+        }
+        assert_eq!(store.frame_ts(7, 6).unwrap(), Some(6));
+        assert_eq!(store.frame_ts(7, 8).unwrap(), Some(8));
+        assert_eq!(store.frame_ts(7, 9).unwrap(), None);
+        // The next compaction starts at the rewritten chunk's first frame.
+        let deleted = store
+            .write(|txn| txn.delete_prefix(7, 6, 8, |_| true))
+            .unwrap();
+        assert_eq!(deleted.frames, 3);
+        assert_eq!(store.frame_ts(7, 8).unwrap(), None);
+    }
+
+    #[test]
+    fn frames_put_and_deleted_in_one_transaction() {
+        let (_dir, store) = store();
+        let deleted = store
+            .write(|txn| {
+                for seq in 1..=3 {
+                    txn.put_frame(7, seq, &frame(b"x"))?;
+                }
+                txn.delete_prefix(7, 1, 3, |info| info.seq == 1)
+            })
+            .unwrap();
+        assert_eq!(deleted.frames, 1);
+        assert_eq!(store.frame_ts(7, 1).unwrap(), None);
+        assert!(store.frame_ts(7, 2).unwrap().is_some());
     }
 
     #[test]

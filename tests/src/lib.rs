@@ -14,6 +14,9 @@
 //!   creates the extra local users of the access tests.
 //! * [`raw`] is a minimal protocol client over a blocking `UnixStream`, for
 //!   sending bad input and for peeking at stream state.
+//! * [`fault`] mounts a small tmpfs to fill up, for the disk-full tests.
+//! * [`soak`] is the crash-loop soak shared by the CI test and
+//!   `scripts/soak.sh`.
 //! * [`mem`] reads a process's resident memory from `/proc/PID/status`.
 //! * [`procs`] looks at processes the tests did not spawn (shims, workers)
 //!   through `/proc`, and reaps orphans.
@@ -30,12 +33,14 @@
 pub mod bins;
 pub mod cli;
 pub mod daemon;
+pub mod fault;
 pub mod mem;
 pub mod process;
 pub mod procs;
 pub mod raw;
 pub mod remote;
 pub mod sandbox;
+pub mod soak;
 pub mod supervise;
 pub mod text;
 pub mod wait;

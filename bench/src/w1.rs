@@ -1,0 +1,145 @@
+//! W1: one producer with a window of appends in flight, one live durable
+//! follower acking as it goes, then a full replay by a fresh reader.
+
+use std::path::Path;
+use std::time::Instant;
+
+use futures_util::SinkExt;
+use tether_protocol::{DurableAck, DurableResume, Request, Response, StartAt};
+
+use tether_bench::{next, BoxError, Conn, Daemon};
+
+use crate::common::{append_request, check_order, create_stream, open, payload, peak_rss_mib};
+use crate::common::{sent_at, subscribe};
+use crate::progress::Progress;
+use crate::report::{percentiles_ms, Row};
+use crate::Args;
+
+const STREAM: &str = "w1";
+
+/// One run of W1 with `frames` frames.
+pub async fn run(
+    args: &Args,
+    frames: u64,
+    tetherd: &Path,
+    dir: &Path,
+    label: String,
+) -> Result<Row, BoxError> {
+    let socket = dir.join("s.sock");
+    let daemon = Daemon::start(tetherd, &socket, &dir.join("state"), &[])?;
+    let mut producer = open(&socket).await?;
+    let clock = Instant::now();
+    create_stream(&mut producer, STREAM, args.size, &clock).await?;
+    // A consumer that never acks keeps everything for the replay.
+    let mut holder = open(&socket).await?;
+    subscribe(
+        &mut holder,
+        STREAM,
+        StartAt::Oldest,
+        false,
+        Some("replay-holder"),
+    )
+    .await?;
+    drop(holder);
+
+    let mut follower = open(&socket).await?;
+    subscribe(&mut follower, STREAM, StartAt::Now, true, Some("follower")).await?;
+    let ack_every = args.ack_every.max(1);
+    let follower_task =
+        tokio::spawn(async move { follow(&mut follower, frames, ack_every, clock).await });
+
+    let progress = Progress::start(label, frames);
+    let start = Instant::now();
+    let mut sent = 0u64;
+    let mut acked = 0u64;
+    while acked < frames {
+        while sent < frames && sent - acked < args.window {
+            sent += 1;
+            producer
+                .feed(append_request(STREAM, sent, payload(args.size, &clock)))
+                .await?;
+        }
+        producer.flush().await?;
+        match next(&mut producer).await? {
+            Response::Appended(a) => acked = a.producer_seq,
+            other => return Err(format!("producer got {other:?}").into()),
+        }
+        progress.set(acked);
+    }
+    let ingest = start.elapsed();
+    drop(progress);
+    let mut latencies = follower_task.await??;
+    let (p50_ms, p99_ms, p999_ms) = percentiles_ms(&mut latencies);
+
+    let replay_per_s = replay(&socket, frames).await?;
+    let peak_rss_mib = peak_rss_mib(daemon.pid());
+    drop(daemon);
+    Ok(Row {
+        workload: "W1",
+        frames,
+        ingest_per_s: frames as f64 / ingest.as_secs_f64(),
+        p50_ms,
+        p99_ms,
+        p999_ms,
+        replay_per_s: Some(replay_per_s),
+        peak_rss_mib,
+        ..Row::default()
+    })
+}
+
+/// Reads the whole stream from seq 2 on (after the frame that created it)
+/// with a fresh connection; returns frames per second.
+async fn replay(socket: &Path, frames: u64) -> Result<f64, BoxError> {
+    let mut reader = open(socket).await?;
+    let start = Instant::now();
+    reader
+        .send(Request::DurableResume(DurableResume {
+            stream: STREAM.into(),
+            acked_through: 1,
+            follow: false,
+            consumer: None,
+        }))
+        .await?;
+    let mut replayed = 0u64;
+    loop {
+        match next(&mut reader).await? {
+            Response::Durable(_) => replayed += 1,
+            Response::End { .. } => break,
+            Response::Subscribed(_) => {}
+            other => return Err(format!("replay got {other:?}").into()),
+        }
+    }
+    let elapsed = start.elapsed();
+    if replayed != frames {
+        return Err(format!("replay returned {replayed} frames, expected {frames}").into());
+    }
+    Ok(frames as f64 / elapsed.as_secs_f64())
+}
+
+/// Receives `frames` frames, acking every `ack_every`; returns latencies in ns.
+async fn follow(
+    conn: &mut Conn,
+    frames: u64,
+    ack_every: u64,
+    clock: Instant,
+) -> Result<Vec<u64>, BoxError> {
+    let mut latencies = Vec::with_capacity(frames as usize);
+    let mut last_seq = 0u64;
+    while (latencies.len() as u64) < frames {
+        match next(conn).await? {
+            Response::Durable(d) => {
+                let now = clock.elapsed().as_nanos() as u64;
+                latencies.push(now.saturating_sub(sent_at(&d.frame.payload)));
+                check_order(last_seq, d.seq)?;
+                last_seq = d.seq;
+                if (latencies.len() as u64).is_multiple_of(ack_every) {
+                    conn.send(Request::DurableAck(DurableAck { through_seq: d.seq }))
+                        .await?;
+                }
+            }
+            Response::Acked(_) => {}
+            other => return Err(format!("follower got {other:?}").into()),
+        }
+    }
+    Ok(latencies)
+}
