@@ -75,7 +75,7 @@ const MAX_PIPELINE: usize = 64;
 /// Appends gathered into one batch from what is already buffered.
 const MAX_APPEND_BATCH: usize = 4096;
 /// Subscription events buffered between the pump and the socket.
-const SUBSCRIPTION_BACKLOG: usize = 2;
+const SUBSCRIPTION_BACKLOG: usize = 1;
 
 /// Why a session ends with an error frame.
 #[derive(Debug)]

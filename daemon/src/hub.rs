@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use crate::{Error, Result};
 
 /// Bytes of batches that may wait for one follower by default.
-pub const DEFAULT_FOLLOWER_BUDGET: usize = 1024 * 1024;
+pub const DEFAULT_FOLLOWER_BUDGET: usize = 256 * 1024;
 
 /// What a frame costs in the budget beyond its payload: the seq, the frame
 /// header and the batch bookkeeping, rounded up. It keeps empty payloads from

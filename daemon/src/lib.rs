@@ -142,7 +142,22 @@ pub async fn run_with(
     let _reloads = launch.reloads.map(|rx| {
         AbortOnDropHandle::new(tokio::spawn(apply_reloads(queue.clone(), started_with, rx)))
     });
-    server::serve(listener, shared, shutdown).await;
+    let serving = server::serve(listener, shared, shutdown.clone());
+    tokio::pin!(serving);
+    tokio::select! {
+        // Serving ends only on shutdown, and then both branches are ready:
+        // the shutdown branch must win, or STOPPING=1 would be skipped.
+        biased;
+        () = shutdown.cancelled() => {
+            // Said here, by the task that owns shutdown, so that it is sent
+            // exactly once and before the drain, however quick that is.
+            if let Some(n) = &notifier {
+                n.stopping("stopping: finishing the commits in flight");
+            }
+            serving.await;
+        }
+        () = &mut serving => {}
+    }
     supervisor.close().await;
     let closed = queue.close().await;
     // An inherited socket belongs to the service manager, which keeps it
@@ -178,20 +193,15 @@ fn listen(
         .map_err(|e| Error::io("cannot serve the inherited socket", e))
 }
 
-/// Starts the tasks that keep the service manager informed: `STOPPING=1`
-/// as soon as shutdown begins, and the watchdog when one is asked for.
-/// They end when the returned handles are dropped.
+/// Starts the task that keeps the service manager informed while the
+/// daemon runs: the watchdog, when one is asked for. It ends when the
+/// returned handles are dropped. (`STOPPING=1` is sent by `run_with`.)
 fn service_tasks(
     notifier: Arc<notify::Notifier>,
     queue: &queue::Queue,
     shutdown: &CancellationToken,
 ) -> Vec<AbortOnDropHandle<()>> {
     let mut tasks = Vec::new();
-    let (n, token) = (notifier.clone(), shutdown.clone());
-    tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
-        token.cancelled().await;
-        n.stopping("stopping: finishing the commits in flight");
-    })));
     if let Some(every) = notifier.watchdog_interval() {
         let task = watchdog(notifier, queue.clone(), every, shutdown.clone());
         tasks.push(AbortOnDropHandle::new(tokio::spawn(task)));

@@ -726,12 +726,25 @@ impl WriteTxn<'_> {
             let done = std::mem::replace(pending, PendingChunk::new(seq));
             insert_chunk(&mut self.chunks, stream_id, done)?;
         }
-        match self.pending.get_mut(&stream_id) {
-            Some(pending) => pending.push(frame),
-            None => Err(Error::Storage(
-                "internal error: pending chunk vanished".into(),
-            )),
+        let full = match self.pending.get_mut(&stream_id) {
+            Some(pending) => {
+                pending.push(frame)?;
+                pending.bytes.len() >= CHUNK_MAX_BYTES
+            }
+            None => {
+                return Err(Error::Storage(
+                    "internal error: pending chunk vanished".into(),
+                ))
+            }
+        };
+        if full {
+            // Readers fetch whole chunks: a small cap keeps a read of a few
+            // frames cheap and the memory a reader holds small.
+            if let Some(done) = self.pending.remove(&stream_id) {
+                insert_chunk(&mut self.chunks, stream_id, done)?;
+            }
         }
+        Ok(())
     }
 
     /// Writes the chunks gathered so far, so that the rest of the
@@ -1112,6 +1125,10 @@ struct FrameHead {
 
 /// Bytes of the frame count at the start of every chunk.
 const COUNT_LEN: usize = 4;
+
+/// A chunk is closed once its encoded frames reach this size; the next
+/// frame of the same transaction starts a new chunk.
+const CHUNK_MAX_BYTES: usize = 64 * 1024;
 
 /// The frames of one stream appended in one transaction, encoded as the
 /// chunk they will be stored as.

@@ -27,7 +27,7 @@ use crate::{Error, Result};
 pub const READ_MAX_FRAMES: usize = 1024;
 /// Payload bytes read from the store at once, at most (one larger frame is
 /// still read on its own).
-pub const READ_MAX_BYTES: usize = 1024 * 1024;
+pub const READ_MAX_BYTES: usize = 128 * 1024;
 
 /// One step of a subscription.
 #[derive(Clone, Debug, PartialEq, Eq)]

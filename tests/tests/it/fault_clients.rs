@@ -24,13 +24,14 @@ const FRAMES: u64 = 20_000;
 const WIDTH: usize = 1000;
 /// The bound on the daemon's peak resident memory while 20 MB go through
 /// with 500 followers, 100 of them stalled. Memory per follower is bounded
-/// by construction, not by the stream's length: a stalled follower holds at
-/// most its live budget in the hub (1 MiB), the subscription backlog (2
-/// batches of at most 1 MiB) and one batch in its socket writer, so about
-/// 4 MiB in the worst case and about 2.5 MiB as measured (265 MiB peak when
-/// this was written). 100 stalled followers times 3.5 MiB plus the daemon
-/// itself stays under 400 MiB; buffering their backlog would take 2 GB.
-const RSS_BOUND_MIB: u64 = 400;
+/// by construction, not by the stream's length: a follower holds at most
+/// its live budget in the hub (256 KiB), one subscription event (a store
+/// read of at most 128 KiB, or a live batch) waiting for the socket and
+/// one being written, so well under 1 MiB. Measured: 128 MiB peak for the
+/// daemon (it was 1.6 GB before the budgets were cut and store chunks were
+/// capped at 64 KiB); buffering the stalled followers' backlog would take
+/// 2 GB.
+const RSS_BOUND_MIB: u64 = 256;
 
 #[test]
 fn five_hundred_followers_with_a_hundred_stalled_keep_memory_bounded_and_readers_current() {
