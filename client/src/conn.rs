@@ -46,6 +46,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lower bound on the same, so that the last attempt of a retry window
 /// still gets a fair chance instead of a zero timeout.
 const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The same over ssh, whose login alone can take a second on a busy host.
+const MIN_SSH_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Over ssh, the part of the handshake's time limit that the remote
 /// `tether dial-stdio` may spend reaching its daemon's socket; the rest is
 /// for ssh itself and `Hello`.
@@ -247,7 +249,13 @@ impl Connector {
     /// One attempt: open the transport, send `Hello`, await `HelloOk`. The
     /// handshake may take up to `budget` (within fixed bounds).
     pub async fn connect_once(&self, budget: Duration) -> Result<Connection> {
-        let limit = budget.clamp(MIN_HANDSHAKE_TIMEOUT, HANDSHAKE_TIMEOUT);
+        // Over ssh the remote side gets half the limit and must still have
+        // time to say why it failed after ssh itself has logged in.
+        let min = match self.endpoint {
+            Endpoint::Ssh(_) => MIN_SSH_HANDSHAKE_TIMEOUT,
+            _ => MIN_HANDSHAKE_TIMEOUT,
+        };
+        let limit = budget.clamp(min, HANDSHAKE_TIMEOUT);
         match tokio::time::timeout(limit, self.handshake(limit)).await {
             Ok(result) => result,
             Err(_) => Err(Error::Timeout {
