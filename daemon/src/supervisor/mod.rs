@@ -61,6 +61,8 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a failed reaction to a shim exit or a timer waits before it
 /// is tried again.
+/// How long start-up waits for lost executions to be recorded.
+const RECOVERY_SETTLE: Duration = Duration::from_secs(10);
 const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// Tries at finding an unused execution id before giving up.
 const ID_TRIES: usize = 16;
@@ -239,6 +241,7 @@ impl Supervisor {
         });
         let rows = inner.queue.load_executions().await?;
         let mut recovered = 0;
+        let mut settling = Vec::new();
         for (id, bytes) in rows {
             let manifest = match Manifest::decode(&id, &bytes) {
                 Ok(m) => m,
@@ -252,7 +255,18 @@ impl Supervisor {
             if !state::is_final(manifest.state) {
                 recovered += 1;
             }
-            inner.recover_one(manifest);
+            settling.extend(inner.recover_one(manifest));
+        }
+        // An execution whose shim is gone is recorded lost before the
+        // socket accepts anything, so that no client is ever shown a dead
+        // process as running. Bounded: a store that cannot commit (disk
+        // full) must not keep the daemon from serving; the task goes on.
+        let deadline = tokio::time::Instant::now() + RECOVERY_SETTLE;
+        for task in settling {
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                tracing::warn!("lost executions still being recorded after {RECOVERY_SETTLE:?}");
+                break;
+            }
         }
         if recovered > 0 {
             tracing::info!("recovered {recovered} unfinished executions");

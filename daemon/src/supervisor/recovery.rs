@@ -47,7 +47,12 @@ impl Inner {
     // -- recovery --------------------------------------------------------------
 
     /// Sorts out one manifest loaded at start (see [`Supervisor::start`]).
-    pub(super) fn recover_one(self: &Arc<Self>, manifest: Manifest) {
+    /// Returns the task that records a lost execution, for the caller to
+    /// await before clients are served.
+    pub(super) fn recover_one(
+        self: &Arc<Self>,
+        manifest: Manifest,
+    ) -> Option<tokio::task::JoinHandle<()>> {
         let id = manifest.id.clone();
         let state = manifest.state;
         let mut live = None;
@@ -74,8 +79,9 @@ impl Inner {
             tracing::info!(execution = %id, "shim pid {} is alive; waiting for it to reconnect", pidfd.pid());
             self.watch_shim(id.clone(), attempt, pidfd, None);
         }
+        let settles_at_start = gone.is_some();
         let inner = self.clone();
-        self.tasks.spawn(async move {
+        let task = self.tasks.spawn(async move {
             let what = format!("resuming {id}");
             inner
                 .clone()
@@ -84,6 +90,7 @@ impl Inner {
                 })
                 .await;
         });
+        settles_at_start.then_some(task)
     }
 
     /// The background half of recovering one execution.
