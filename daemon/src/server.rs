@@ -23,15 +23,11 @@ use crate::{Error, Result};
 /// before it stops waiting (the store is closed cleanly either way).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Binds the daemon's socket at `path` with mode 0600, creating its parent
-/// directory (0700) when missing. A socket file left by a dead daemon is
-/// replaced; one that a live daemon still accepts on is an error, because
-/// the caller holds only its own state directory's lock, not the socket's.
-pub fn bind(path: &Path) -> Result<UnixListener> {
-    bind_with(path, crate::config::DEFAULT_SOCKET_MODE, None)
-}
-
-/// [`bind`] with the socket's permission bits and group. When the mode lets
+/// Binds the daemon's socket at `path`, creating its parent directory
+/// (0700) when missing. A socket file left by a dead daemon is replaced;
+/// one that a live daemon still accepts on is an error, because the caller
+/// holds only its own state directory's lock, not the socket's. Then sets
+/// the socket's permission bits and group. When the mode lets
 /// the group in, a parent directory created here lets it through as well
 /// (0710), and gets the group too.
 pub fn bind_with(path: &Path, mode: u32, group: Option<&str>) -> Result<UnixListener> {

@@ -13,14 +13,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Error, Result};
 
-/// Starts the signal thread: SIGTERM and SIGINT cancel `token`; SIGHUP is
-/// logged and otherwise ignored (see [`install_with_reload`]).
-pub fn install_signal_handlers(token: CancellationToken) -> Result<()> {
-    install_with_reload(token, || {
-        tracing::info!("SIGHUP received: no config to reload");
-    })
-}
-
 /// Starts the signal thread: SIGTERM and SIGINT cancel `token`; SIGHUP calls
 /// `reload` on that thread, one reload at a time. A second SIGTERM or
 /// SIGINT while shutting down changes nothing: shutdown is already bounded.
