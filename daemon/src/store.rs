@@ -720,31 +720,13 @@ impl WriteTxn<'_> {
             .pending
             .entry(stream_id)
             .or_insert_with(|| PendingChunk::new(seq));
-        if pending.next_seq() != seq {
-            // Not a continuation (callers do not do this today): the chunk
-            // so far is complete on its own.
+        // A chunk is closed before it would outgrow one redb page: the
+        // continuation check is for callers that skip seqs (none do today).
+        if pending.next_seq() != seq || !pending.has_room_for(frame) {
             let done = std::mem::replace(pending, PendingChunk::new(seq));
             insert_chunk(&mut self.chunks, stream_id, done)?;
         }
-        let full = match self.pending.get_mut(&stream_id) {
-            Some(pending) => {
-                pending.push(frame)?;
-                pending.bytes.len() >= CHUNK_MAX_BYTES
-            }
-            None => {
-                return Err(Error::Storage(
-                    "internal error: pending chunk vanished".into(),
-                ))
-            }
-        };
-        if full {
-            // Readers fetch whole chunks: a small cap keeps a read of a few
-            // frames cheap and the memory a reader holds small.
-            if let Some(done) = self.pending.remove(&stream_id) {
-                insert_chunk(&mut self.chunks, stream_id, done)?;
-            }
-        }
-        Ok(())
+        pending.push(frame)
     }
 
     /// Writes the chunks gathered so far, so that the rest of the
@@ -1126,9 +1108,17 @@ struct FrameHead {
 /// Bytes of the frame count at the start of every chunk.
 const COUNT_LEN: usize = 4;
 
-/// A chunk is closed once its encoded frames reach this size; the next
-/// frame of the same transaction starts a new chunk.
-const CHUNK_MAX_BYTES: usize = 64 * 1024;
+/// The most a chunk holds (unless one frame alone is bigger). Readers fetch
+/// whole chunks, so a small cap keeps a read of a few frames cheap and the
+/// memory a reader holds small. It is one 64 KiB redb page less the leaf's
+/// own bytes (a 4-byte header, a 4-byte value length and the 16-byte key):
+/// redb sizes pages in powers of two, so a single byte more would make the
+/// chunk's page, and the bytes written for it, twice as big.
+const CHUNK_MAX_BYTES: usize = 64 * 1024 - 24;
+
+/// The most bytes a [`FrameHead`] takes encoded: two u64 varints of at most
+/// ten bytes and the kind.
+const FRAME_HEAD_MAX_LEN: usize = 24;
 
 /// The frames of one stream appended in one transaction, encoded as the
 /// chunk they will be stored as.
@@ -1144,13 +1134,24 @@ impl PendingChunk {
         Self {
             first_seq,
             count: 0,
-            bytes: vec![0; COUNT_LEN],
+            bytes: {
+                let mut bytes = Vec::with_capacity(CHUNK_MAX_BYTES);
+                bytes.resize(COUNT_LEN, 0);
+                bytes
+            },
         }
     }
 
     /// The seq the next frame pushed gets.
     fn next_seq(&self) -> u64 {
         self.first_seq + u64::from(self.count)
+    }
+
+    /// Whether `frame` still fits under [`CHUNK_MAX_BYTES`]. An empty chunk
+    /// takes any frame, however big.
+    fn has_room_for(&self, frame: &Frame) -> bool {
+        self.count == 0
+            || self.bytes.len() + FRAME_HEAD_MAX_LEN + frame.payload.len() <= CHUNK_MAX_BYTES
     }
 
     fn push(&mut self, frame: &Frame) -> Result<()> {
@@ -1500,6 +1501,48 @@ mod tests {
         let read = store.read_frames("s", 4, limits).unwrap();
         let seqs: Vec<u64> = read.frames.iter().map(|(s, _)| *s).collect();
         assert_eq!(seqs, vec![4, 5, 6]);
+    }
+
+    #[test]
+    fn chunks_fit_one_page_and_a_big_frame_stands_alone() {
+        let (_dir, store) = store();
+        let small = Bytes::from(vec![b's'; 256]);
+        let big = Bytes::from(vec![b'B'; 100 * 1024]);
+        store
+            .write(|txn| {
+                for seq in 1..=1000 {
+                    let payload = if seq == 600 {
+                        big.clone()
+                    } else {
+                        small.clone()
+                    };
+                    txn.put_frame(7, seq, &frame_of(&payload))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        let guard = store.handle().unwrap();
+        let txn = guard_db(&guard).unwrap().begin_read().unwrap();
+        let chunks = txn.open_table(CHUNKS).unwrap();
+        let mut next = 1;
+        for item in chunks.iter().unwrap() {
+            let (key, value) = item.unwrap();
+            let (first, bytes) = (key.value().1, value.value());
+            assert_eq!(first, next, "chunks are contiguous");
+            let count = u64::from(chunk_len(bytes).unwrap());
+            if (first..first + count).contains(&600) {
+                assert_eq!((first, count), (600, 1), "the big frame is alone");
+            } else {
+                assert!(bytes.len() <= CHUNK_MAX_BYTES, "{} bytes", bytes.len());
+                assert!(
+                    bytes.len() > CHUNK_MAX_BYTES - 300
+                        || first + count == 600
+                        || first + count == 1001
+                );
+            }
+            next = first + count;
+        }
+        assert_eq!(next, 1001);
     }
 
     #[test]
