@@ -118,9 +118,24 @@ impl<In, Out: Serialize> Encoder<Out> for Codec<In, Out> {
     }
 }
 
-/// Parses one message body (without its length prefix).
+/// Parses one message body (without its length prefix). The whole body
+/// must be the message: bytes left over mean a layout this build does not
+/// know, which must not pass for the message it happens to begin with.
 pub fn decode_message<T: DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
-    postcard::from_bytes(body).map_err(Error::Malformed)
+    let (message, rest) = postcard::take_from_bytes(body).map_err(Error::Malformed)?;
+    if !rest.is_empty() {
+        return Err(Error::TrailingBytes {
+            message: short_type_name::<T>(),
+            extra: rest.len(),
+        });
+    }
+    Ok(message)
+}
+
+/// `Request` for `tether_protocol::frame::Request`: what an error names.
+fn short_type_name<T>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    full.rsplit("::").next().unwrap_or(full)
 }
 
 /// Appends `item` to `dst` as one frame (prefix and body). On error `dst` is

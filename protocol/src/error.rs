@@ -16,6 +16,11 @@ pub enum Error {
     #[error("malformed message: {0}")]
     Malformed(postcard::Error),
 
+    /// A message parsed, but bytes were left over after it: the peer and
+    /// this build disagree about the message's layout.
+    #[error("malformed message: {extra} bytes left over after a {message} message")]
+    TrailingBytes { message: &'static str, extra: usize },
+
     /// A message could not be encoded (for example a payload over the limit).
     #[error("cannot encode message: {0}")]
     Encode(postcard::Error),

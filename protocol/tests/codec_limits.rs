@@ -272,18 +272,22 @@ fn a_malformed_frame_is_consumed_whole() {
     assert_eq!(&src[..], &next[..]);
 }
 
-/// Postcard reads only the bytes a message needs; the rest of the frame is
-/// dropped with it. The length prefix, not the parser, decides where the
-/// next frame starts.
+/// A frame holding a message and then more bytes is refused, naming the
+/// leftover: it is a layout this build does not know. The length prefix,
+/// not the parser, decides where the next frame starts.
 #[test]
-fn trailing_bytes_in_a_frame_do_not_leak_into_the_next_frame() {
+fn trailing_bytes_in_a_frame_are_refused_and_do_not_leak_into_the_next_frame() {
     let mut body = encode_frame(&Request::Status).unwrap()[4..].to_vec();
     body.extend_from_slice(&encode_frame(&Request::ListStreams).unwrap()[4..]);
     let mut src = frame_of(&body);
     src.extend_from_slice(&encode_frame(&hello()).unwrap());
 
     let mut codec = ServerCodec::new();
-    assert_eq!(codec.decode(&mut src).unwrap(), Some(Request::Status));
+    let err = codec.decode(&mut src).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "malformed message: 1 bytes left over after a Request message"
+    );
     assert_eq!(codec.decode(&mut src).unwrap(), Some(hello()));
     assert!(src.is_empty());
 }
