@@ -1,11 +1,17 @@
 //! Guarantee 7, a full disk: with the state directory on a small tmpfs, a
 //! producer that fills it is told "disk full" and keeps its unacknowledged
 //! lines, a follower keeps reading what was stored, and once the tmpfs is
-//! grown the producer finishes with every line stored exactly once.
+//! grown the producer finishes with every line stored exactly once. And a
+//! disk that stays full: the producer says so once, keeps retrying for its
+//! retry window (`--connect-timeout`), then gives up with the cause, and
+//! nothing stored before is lost.
 //!
-//! Mounting needs root (CI runs as root); elsewhere the test prints why it
-//! did nothing and passes.
+//! Mounting needs root (CI runs as root); elsewhere the tests print why they
+//! did nothing and pass.
 
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
 use std::time::Duration;
 
 use tether_tests::fault::{self, Tmpfs};
@@ -13,7 +19,7 @@ use tether_tests::process::StdinFeeder;
 use tether_tests::raw;
 use tether_tests::text::wide_lines;
 use tether_tests::wait::wait_until;
-use tether_tests::{Sandbox, Signal};
+use tether_tests::{cli, Sandbox, Signal};
 
 const LINES: u64 = 6000;
 const WIDTH: usize = 1000;
@@ -85,4 +91,108 @@ fn a_full_disk_refuses_appends_clearly_keeps_reads_going_and_recovers() {
         "what the follower printed",
     );
     drop(d);
+}
+
+/// Lines published, and acknowledged, before the disk fills.
+const STORED_BEFORE: u64 = 500;
+
+/// What the daemon answers an append it cannot commit on a full disk, as
+/// `tether` prints it.
+const DISK_FULL: &str = "disk full: the store could not commit \
+                         (No space left on device (os error 28)) (storage_full)";
+
+#[test]
+fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
+    if !fault::is_root() {
+        eprintln!("skipped: mounting a tmpfs for the state directory needs root");
+        return;
+    }
+    let sb = Sandbox::new();
+    let _tmpfs = match Tmpfs::mount(&sb.state_dir(), "3m") {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("skipped: cannot mount a tmpfs ({e})");
+            return;
+        }
+    };
+    let socket = sb.socket();
+    let d = sb.start_daemon();
+    let before = wide_lines(1..=STORED_BEFORE, WIDTH);
+    let out = sb.run_with_stdin(
+        &["publish", "full", "--producer", "before"],
+        before.as_bytes(),
+    );
+    out.assert_success();
+
+    // Another program takes the rest of the disk before the next run starts,
+    // so that it is refused from its first append on. (Filling the disk by
+    // publishing would leave it to timing which lines fit and how often the
+    // producer is refused, and so how often it says so.)
+    let filler = sb.state_dir().join("filler");
+    fill_disk(&filler);
+    let after = wide_lines(STORED_BEFORE + 1..=2 * STORED_BEFORE, WIDTH);
+    let publish_after = ["publish", "full", "--producer", "after"];
+    let out = cli::run(
+        sb.tether_with_timeout("2s", &publish_after),
+        after.as_bytes(),
+        Duration::from_secs(60),
+    );
+
+    // Told once that the disk is full (and that nothing is dropped while
+    // retrying), then, when the window has run out, the cause again as the
+    // reason for giving up.
+    out.assert_code(1);
+    assert_eq!(out.stdout, "", "`tether publish` wrote to stdout");
+    let retrying = format!("tether: {DISK_FULL}; keeping unacknowledged data and retrying\n");
+    let gave_up = format!("tether: {DISK_FULL}\n");
+    assert_eq!(
+        out.stderr,
+        format!("{retrying}{gave_up}"),
+        "stderr of `tether publish` on a full disk"
+    );
+    assert!(
+        out.elapsed >= Duration::from_secs(2),
+        "gave up after {:?}, before its 2s retry window ran out",
+        out.elapsed
+    );
+
+    // Nothing acknowledged before the disk filled was lost, and nothing of
+    // the refused run was stored.
+    let stored = sb.run(&["tail", "full"]);
+    stored.assert_success();
+    tether_tests::text::assert_same_lines(&stored.stdout, &before, "the stored stream");
+    raw::assert_stored(&socket, "full", STORED_BEFORE);
+    assert!(
+        d.logs().contains("disk full"),
+        "the daemon did not log the full disk:\n{}",
+        d.logs()
+    );
+
+    // Once there is room again, re-running with the same producer stores
+    // the refused lines, each once.
+    std::fs::remove_file(&filler).expect("remove the filler");
+    let out = sb.run_with_stdin(&publish_after, after.as_bytes());
+    out.assert_success();
+    let stored = sb.run(&["tail", "full"]);
+    stored.assert_success();
+    tether_tests::text::assert_same_lines(
+        &stored.stdout,
+        &format!("{before}{after}"),
+        "the stored stream after the re-run",
+    );
+    raw::assert_stored(&socket, "full", 2 * STORED_BEFORE);
+    drop(d);
+}
+
+/// Writes `path` until the file system it is on has no space left.
+fn fill_disk(path: &Path) {
+    let mut file = File::create(path).expect("create the filler");
+    let chunk = vec![0u8; 64 * 1024];
+    loop {
+        match file.write_all(&chunk) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => return,
+            Err(e) => panic!("filling {} failed: {e}", path.display()),
+        }
+    }
 }
