@@ -28,9 +28,9 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use tether_protocol::codec::{decode_message, peek_hello_version};
 use tether_protocol::{
-    validate_name, Appended, Capabilities, Durable, DurableAck, DurableResume, ErrorCode,
-    ErrorFrame, Hello, HelloOk, Request, Response, ServerCodec, ShimHello, StartAt, StatusInfo,
-    Subscribe, Subscribed, WorkerExited, PROTOCOL_VERSION,
+    validate_appends, validate_name, Appended, Capabilities, Durable, DurableAck, DurableResume,
+    ErrorCode, ErrorFrame, Hello, HelloOk, Request, Response, ServerCodec, ShimHello, StartAt,
+    StatusInfo, Subscribe, Subscribed, WorkerExited, PROTOCOL_VERSION,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -74,6 +74,11 @@ const MAX_HELLO_LEN: usize = 64 * 1024;
 const MAX_PIPELINE: usize = 64;
 /// Appends gathered into one batch from what is already buffered.
 const MAX_APPEND_BATCH: usize = 4096;
+/// Payload bytes gathered into one batch. What a session has read but not
+/// yet handed to the writer is outside the writer's in-flight budget, so
+/// this bounds it: a hundred producers that all connect with a full window
+/// must not all be read into memory at once.
+const MAX_APPEND_BATCH_BYTES: usize = 64 * 1024;
 /// Subscription events buffered between the pump and the socket.
 const SUBSCRIPTION_BACKLOG: usize = 1;
 
@@ -274,12 +279,16 @@ impl Session {
             self.authorize(&request)?;
             match request {
                 Request::Append(append) => {
+                    let mut bytes = append.payload.len();
                     let mut batch = vec![append];
-                    while batch.len() < MAX_APPEND_BATCH {
+                    while batch.len() < MAX_APPEND_BATCH && bytes < MAX_APPEND_BATCH_BYTES {
                         match reader.next().now_or_never() {
                             // The batch's first append was authorized and
                             // the peer's rights do not change mid-session.
-                            Some(Some(Ok(Request::Append(more)))) => batch.push(more),
+                            Some(Some(Ok(Request::Append(more)))) => {
+                                bytes += more.payload.len();
+                                batch.push(more);
+                            }
                             Some(Some(Ok(other))) => {
                                 next = Some(other);
                                 break;
@@ -329,10 +338,7 @@ impl Session {
     }
 
     async fn start_appends(&mut self, batch: Vec<tether_protocol::Append>) -> Result<(), Refusal> {
-        for append in &batch {
-            validate_name("stream", &append.stream)?;
-            validate_name("producer", &append.producer)?;
-        }
+        validate_appends(&batch)?;
         // Submitted here, in socket order; only the outcome is awaited in
         // the pipeline. See `Queue::submit_append`.
         let outcomes = self.shared.queue.submit_append(batch).await?;

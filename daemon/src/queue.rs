@@ -30,10 +30,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tether_protocol::{
-    validate_name, Append, Checkpoint, CheckpointMeta, CheckpointRef, CheckpointSave, Frame,
-    FrameKind, StreamInfo,
+    validate_appends, validate_name, Append, Checkpoint, CheckpointMeta, CheckpointRef,
+    CheckpointSave, Frame, FrameKind, StreamInfo,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::checkpoint::{self, Resume};
 use crate::config::Retention;
@@ -45,6 +45,18 @@ use crate::{Error, Result};
 /// Commands that may wait for the writer. Senders wait (asynchronously)
 /// beyond it, which bounds the memory of queued work.
 const COMMAND_CAPACITY: usize = 1024;
+
+/// Bytes of commands (payloads plus [`COMMAND_FRAME_OVERHEAD`] per frame)
+/// read from clients but not yet committed, across all sessions. A session
+/// whose command does not fit waits, and stops reading its socket, so the
+/// daemon's memory stays flat however many producers push at once; the
+/// rest of their backlog waits in the clients and the kernel. Twice the
+/// writer's largest batch, so that one batch queues while one commits.
+const IN_FLIGHT_BUDGET: usize = 2 * 4 * 1024 * 1024;
+
+/// What a queued frame costs besides its payload: the decoded append with
+/// its names, its outcome and its staged copy for the hub.
+const COMMAND_FRAME_OVERHEAD: usize = 320;
 
 /// Frames deleted by one compaction or retention batch, at most.
 const COMPACT_BATCH: u64 = 4096;
@@ -122,6 +134,8 @@ struct Inner {
     /// `None` once closing began: new commands are refused.
     tx: Mutex<Option<mpsc::Sender<Command>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Permits for [`IN_FLIGHT_BUDGET`], one per byte.
+    in_flight: Arc<Semaphore>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -164,6 +178,7 @@ impl Queue {
                 checkpoint_refs,
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
+                in_flight: Arc::new(Semaphore::new(IN_FLIGHT_BUDGET)),
             }),
         })
     }
@@ -440,10 +455,25 @@ impl Queue {
         reply: fn(oneshot::Sender<Result<T>>) -> Reply,
     ) -> Result<impl std::future::Future<Output = Result<T>> + Send + 'static> {
         let tx = lock(&self.inner.tx).clone().ok_or(Error::ShuttingDown)?;
+        let (frames, bytes) = request.weight();
+        let cost = bytes
+            .saturating_add(frames.saturating_mul(COMMAND_FRAME_OVERHEAD))
+            .min(IN_FLIGHT_BUDGET);
+        // A command bigger than the budget takes all of it, and so waits
+        // for everything before it rather than forever.
+        let permits = u32::try_from(cost).unwrap_or(u32::MAX);
+        let in_flight = self
+            .inner
+            .in_flight
+            .clone()
+            .acquire_many_owned(permits)
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
         let (reply_tx, reply_rx) = oneshot::channel();
         tx.send(Command {
             request,
             reply: reply(reply_tx),
+            in_flight,
         })
         .await
         .map_err(|_| self.inner.writer_gone())?;
@@ -541,6 +571,8 @@ fn spawn_writer(writer: Writer) -> Result<JoinHandle<()>> {
 struct Command {
     request: Request,
     reply: Reply,
+    /// Its share of [`IN_FLIGHT_BUDGET`], given back once it is answered.
+    in_flight: OwnedSemaphorePermit,
 }
 
 #[derive(Debug)]
@@ -769,14 +801,15 @@ impl Staged {
         }
     }
 
-    /// Stages a stored frame for publication after the commit.
-    fn stage_frame(&mut self, stream: &str, seq: u64, frame: Frame) {
-        match self.streams.get_mut(stream) {
-            Some(frames) => frames.push((seq, frame)),
-            None => {
-                self.streams.insert(stream.to_owned(), vec![(seq, frame)]);
-            }
+    /// The frames of `stream` staged for publication after the commit.
+    fn frames_of(&mut self, stream: &str) -> &mut Vec<(u64, Frame)> {
+        // Looked up before any `entry`, which would copy the name.
+        if !self.streams.contains_key(stream) {
+            self.streams.insert(stream.to_owned(), Vec::new());
         }
+        self.streams
+            .get_mut(stream)
+            .unwrap_or_else(|| unreachable!("the stream was just inserted"))
     }
 }
 
@@ -981,7 +1014,11 @@ impl Writer {
         let mut compactions = Vec::new();
         let mut requests = Vec::with_capacity(batch.len());
         let mut replies = Vec::with_capacity(batch.len());
+        // Held until the batch is committed and answered, so that what the
+        // budget bounds includes the commit in progress.
+        let mut in_flight = Vec::with_capacity(batch.len());
         for command in batch {
+            in_flight.push(command.in_flight);
             match command.request {
                 Request::Compact => compactions.push(command.reply),
                 Request::SetRetention(retention) => {
@@ -1006,6 +1043,7 @@ impl Writer {
                 });
             }
         }
+        drop(in_flight);
     }
 
     fn commit_batch(&mut self, requests: Vec<Request>, replies: Vec<Reply>) {
@@ -1099,22 +1137,49 @@ impl Writer {
         ts: u64,
         staged: &mut Staged,
     ) -> Result<Result<Outcome>> {
-        for a in &appends {
-            let valid = validate_name("stream", &a.stream)
-                .and_then(|()| validate_name("producer", &a.producer));
-            if let Err(e) = valid {
-                return Ok(Err(e.into()));
-            }
+        if let Err(e) = validate_appends(&appends) {
+            return Ok(Err(e.into()));
         }
         if let Err(e) = self.check_resumed(&appends) {
             return Ok(Err(e));
         }
         let mut outcomes = Vec::with_capacity(appends.len());
-        // Per frame nothing is allocated here unless a stream or producer
-        // is new to the batch: names move into the outcome, and the
-        // payload into the frame.
-        for a in appends {
-            let stream = self.stream_or_create(&a.stream, ts, staged);
+        let mut appends = appends.into_iter().peekable();
+        while let Some(first) = appends.next() {
+            // A batch is mostly one producer's frames in a row: the stream,
+            // the producer and the staged frames are looked up once a run.
+            let mut run = vec![first];
+            while let Some(next) = appends.next_if(|a| same_writer(a, &run[0])) {
+                run.push(next);
+            }
+            self.apply_run(txn, run, ts, staged, &mut outcomes)?;
+        }
+        if !self.failed_from.is_empty() {
+            self.forget_resumed(&outcomes);
+        }
+        Ok(Ok(Outcome::Appended(outcomes)))
+    }
+
+    /// Applies appends of one (stream, producer), in order. Per frame
+    /// nothing is allocated here: names move into the outcome, and the
+    /// payload into the frame.
+    fn apply_run(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        run: Vec<Append>,
+        ts: u64,
+        staged: &mut Staged,
+        outcomes: &mut Vec<AppendOutcome>,
+    ) -> Result<()> {
+        let (stream_name, producer_name) = match run.first() {
+            Some(a) => (a.stream.clone(), a.producer.clone()),
+            None => return Ok(()),
+        };
+        let stream = self.stream_or_create(&stream_name, ts, staged);
+        let mut newest = stream.producers.get(&producer_name).copied();
+        let mut first_stored = None;
+        let staged_frames = staged.frames_of(&stream_name);
+        for a in run {
             let mut outcome = AppendOutcome {
                 stream: a.stream,
                 producer: a.producer,
@@ -1122,38 +1187,30 @@ impl Writer {
                 seq: 0,
                 duplicate: false,
             };
-            let known = stream.producers.get_mut(&outcome.producer);
-            if let Some(p) = &known {
-                if outcome.producer_seq <= p.producer_seq {
-                    outcome.seq = p.seq;
-                    outcome.duplicate = true;
-                    outcomes.push(outcome);
-                    continue;
-                }
+            if let Some(p) = newest.filter(|p| outcome.producer_seq <= p.producer_seq) {
+                outcome.seq = p.seq;
+                outcome.duplicate = true;
+                outcomes.push(outcome);
+                continue;
             }
             let frame = Frame {
                 ts_micros: ts,
                 kind: a.kind,
                 payload: a.payload,
             };
-            let state = ProducerState {
+            outcome.seq = put_new_frame(txn, stream, frame, staged_frames)?;
+            newest = Some(ProducerState {
                 producer_seq: outcome.producer_seq,
-                seq: stream.meta.last_seq + 1,
-            };
-            match known {
-                Some(p) => *p = state,
-                None => {
-                    stream.producers.insert(outcome.producer.clone(), state);
-                }
-            }
-            outcome.seq = put_new_frame(txn, &outcome.stream, stream, frame, staged)?;
-            staged.stage_producer(&outcome.stream, &outcome.producer, outcome.producer_seq);
+                seq: outcome.seq,
+            });
+            first_stored.get_or_insert(outcome.producer_seq);
             outcomes.push(outcome);
         }
-        if !self.failed_from.is_empty() {
-            self.forget_resumed(&outcomes);
+        if let (Some(state), Some(first)) = (newest, first_stored) {
+            stream.producers.insert(producer_name.clone(), state);
+            staged.stage_producer(&stream_name, &producer_name, first);
         }
-        Ok(Ok(Outcome::Appended(outcomes)))
+        Ok(())
     }
 
     /// Records, after a failed commit, where each producer of the batch
@@ -1235,7 +1292,7 @@ impl Writer {
                 kind: FrameKind::Event,
                 payload: payload.clone(),
             };
-            put_new_frame(txn, execution, stream, frame, staged)?;
+            put_new_frame(txn, stream, frame, staged.frames_of(execution))?;
         }
         let resume = match resume {
             true => {
@@ -1248,7 +1305,7 @@ impl Writer {
                         kind: FrameKind::Event,
                         payload: Bytes::from(event),
                     };
-                    put_new_frame(txn, execution, stream, frame, staged)?;
+                    put_new_frame(txn, stream, frame, staged.frames_of(execution))?;
                 }
                 Some(resume)
             }
@@ -1650,10 +1707,9 @@ fn newest_valid_checkpoints(store: &Store) -> Result<HashMap<String, CheckpointR
 /// cached metadata and stages the frame for publication after the commit.
 fn put_new_frame(
     txn: &mut WriteTxn<'_>,
-    name: &str,
     stream: &mut StreamState,
     frame: Frame,
-    staged: &mut Staged,
+    staged: &mut Vec<(u64, Frame)>,
 ) -> Result<u64> {
     let seq = stream.meta.last_seq + 1;
     txn.put_frame(stream.meta.id, seq, &frame)?;
@@ -1663,8 +1719,13 @@ fn put_new_frame(
     stream.meta.last_seq = seq;
     stream.meta.frames += 1;
     stream.meta.bytes += frame.payload.len() as u64;
-    staged.stage_frame(name, seq, frame);
+    staged.push((seq, frame));
     Ok(seq)
+}
+
+/// Whether two appends come from one producer to one stream.
+fn same_writer(a: &Append, b: &Append) -> bool {
+    a.stream == b.stream && a.producer == b.producer
 }
 
 /// One compaction batch: delete from `meta.first_seq`, no further than

@@ -336,6 +336,73 @@ async fn duplicates_inside_one_call_are_stored_once() {
     queue.close().await.unwrap();
 }
 
+#[tokio::test]
+async fn interleaved_producers_keep_their_own_dedupe_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = open(&dir.path().join("tether.redb"), no_retention());
+    let mut batch = Vec::new();
+    for (producer, pseq) in [("p", 1), ("q", 1), ("p", 1), ("p", 2), ("q", 1), ("q", 2)] {
+        batch.extend(appends("s", producer, pseq..=pseq));
+    }
+    batch.extend(appends("t", "p", 1..=1));
+    let out = queue.append(batch).await.unwrap();
+    let got: Vec<(&str, &str, u64, bool, u64)> = out
+        .iter()
+        .map(|o| {
+            (
+                o.stream.as_str(),
+                o.producer.as_str(),
+                o.producer_seq,
+                o.duplicate,
+                o.seq,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("s", "p", 1, false, 1),
+            ("s", "q", 1, false, 2),
+            ("s", "p", 1, true, 1),
+            ("s", "p", 2, false, 3),
+            ("s", "q", 1, true, 2),
+            ("s", "q", 2, false, 4),
+            ("t", "p", 1, false, 1),
+        ]
+    );
+    queue.close().await.unwrap();
+}
+
+/// Commands wait for a share of the in-flight budget; one bigger than
+/// all of it must still get through, and so must those queued with it.
+#[tokio::test]
+async fn batches_bigger_than_the_in_flight_budget_are_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = open(&dir.path().join("tether.redb"), no_retention());
+    let big = Bytes::from(vec![b'x'; 3 * 1024 * 1024]);
+    let batch = |producer: &str| -> Vec<Append> {
+        (1..=4)
+            .map(|pseq| Append {
+                stream: "big".into(),
+                producer: producer.into(),
+                producer_seq: pseq,
+                kind: FrameKind::Data,
+                payload: big.clone(),
+            })
+            .collect()
+    };
+    let (a, b, c) = tokio::join!(
+        queue.append(batch("a")),
+        queue.append(batch("b")),
+        queue.append(batch("c"))
+    );
+    for out in [a, b, c] {
+        assert_eq!(out.unwrap().iter().filter(|o| !o.duplicate).count(), 4);
+    }
+    assert_eq!(queue.stream_range("big"), Some((1, 12)));
+    queue.close().await.unwrap();
+}
+
 #[test]
 fn a_store_that_is_not_a_redb_file_is_refused_by_name_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();

@@ -691,6 +691,23 @@ pub struct Checkpoint {
     pub data: Bytes,
 }
 
+/// Checks the stream and producer names of a batch of appends. Appends come
+/// by the thousand with the same names, so a name equal to the one before
+/// it, already checked, is not checked again.
+pub fn validate_appends(appends: &[Append]) -> Result<(), Error> {
+    let mut previous: Option<&Append> = None;
+    for a in appends {
+        if previous.is_none_or(|p| p.stream != a.stream) {
+            validate_name("stream", &a.stream)?;
+        }
+        if previous.is_none_or(|p| p.producer != a.producer) {
+            validate_name("producer", &a.producer)?;
+        }
+        previous = Some(a);
+    }
+    Ok(())
+}
+
 /// Checks a stream, producer or consumer name: 1 to [`MAX_NAME_LEN`] bytes,
 /// no control characters, no whitespace (so names survive shell and table
 /// output unquoted).
