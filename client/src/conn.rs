@@ -13,7 +13,8 @@
 //! session on demand, and after a failure retries with capped exponential
 //! backoff until the retry window (the `--connect-timeout`) runs out, then
 //! gives up with [`Error::Unreachable`] naming the endpoint and the last
-//! error.
+//! error, or, when the daemon was reached but kept refusing (a full disk),
+//! with [`Error::GaveUp`] keeping that refusal.
 
 use std::fmt;
 use std::future::Future;
@@ -163,7 +164,8 @@ impl fmt::Display for Endpoint {
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// How long to keep retrying before giving up with
-    /// [`Error::Unreachable`]. Counted from the first failed attempt of an
+    /// [`Error::Unreachable`] (or [`Error::GaveUp`] when the daemon answers
+    /// but keeps refusing). Counted from the first failed attempt of an
     /// outage. [`RETRY_FOREVER`] (or any window too long to add to a clock
     /// reading) never gives up.
     pub retry_window: Duration,
@@ -668,14 +670,21 @@ impl Link {
                 endpoint: self.connector.endpoint.to_string(),
             },
         };
+        let waited = self.connector.options.retry_window;
         if cause.is_connection_failure() {
             Error::Unreachable {
                 endpoint: self.connector.endpoint.to_string(),
-                waited: self.connector.options.retry_window,
+                waited,
                 last_error: cause_text(&cause),
             }
         } else {
-            cause
+            // The daemon was reached but kept refusing: say that this is
+            // the end of retrying, not just one more refusal like those
+            // already reported.
+            Error::GaveUp {
+                waited,
+                cause: Box::new(cause),
+            }
         }
     }
 }
@@ -777,6 +786,42 @@ mod tests {
         assert_eq!(link.connection().unwrap().hello().daemon, "late");
         drop(link);
         server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_daemon_that_keeps_refusing_is_given_up_on_after_the_window_with_its_reason() {
+        use futures_util::SinkExt;
+        use tether_protocol::{ErrorCode, ErrorFrame, ServerCodec};
+        use tokio_util::codec::Framed;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("full.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let server = tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let mut framed = Framed::new(stream, ServerCodec::new());
+                let _hello = framed.next().await;
+                let refusal = Response::Error(ErrorFrame {
+                    code: ErrorCode::STORAGE_FULL,
+                    message: "disk full".into(),
+                });
+                let _ = framed.send(refusal).await;
+            }
+        });
+        let started = Instant::now();
+        let err = connector(&path, Duration::from_millis(300))
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(
+            err.to_string(),
+            "gave up after 300ms: disk full (storage_full)"
+        );
+        assert_eq!(err.exit_code(), 1);
+        assert_eq!(err.daemon_code(), Some(ErrorCode::STORAGE_FULL));
+        server.abort();
     }
 
     #[tokio::test]

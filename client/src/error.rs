@@ -28,6 +28,16 @@ pub enum Error {
         last_error: String,
     },
 
+    /// The daemon could be reached, but a failure that retrying may cure
+    /// (a full disk, a daemon shutting down) lasted for the whole retry
+    /// window. `cause` is the last such failure; the exit code is its own.
+    #[error("gave up after {}: {cause}", humanize(*.waited))]
+    GaveUp {
+        waited: Duration,
+        #[source]
+        cause: Box<Error>,
+    },
+
     /// The daemon refused a request. It closes the connection after this.
     #[error("{message} ({code})")]
     Daemon { code: ErrorCode, message: String },
@@ -105,6 +115,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Unreachable { .. } => EXIT_UNREACHABLE,
+            Error::GaveUp { cause, .. } => cause.exit_code(),
             Error::Daemon { code, .. } | Error::Refused { code, .. }
                 if *code == ErrorCode::NOT_FOUND =>
             {
@@ -124,6 +135,8 @@ impl Error {
             | Error::Timeout { .. }
             | Error::Resync { .. } => true,
             Error::Daemon { code, .. } => code.is_transient(),
+            // The retrying already happened: its window ran out.
+            Error::GaveUp { .. } => false,
             // A frame cut short by a dropped connection is a lost session,
             // not a sign of a confused peer.
             Error::Codec(tether_protocol::Error::Io(_)) => true,
@@ -146,10 +159,12 @@ impl Error {
         )
     }
 
-    /// The daemon's error code, when the daemon refused something.
+    /// The daemon's error code, when the daemon refused something (also
+    /// when that refusal lasted until the retry window ran out).
     pub fn daemon_code(&self) -> Option<ErrorCode> {
         match self {
             Error::Daemon { code, .. } | Error::Refused { code, .. } => Some(*code),
+            Error::GaveUp { cause, .. } => cause.daemon_code(),
             _ => None,
         }
     }
@@ -231,6 +246,26 @@ mod tests {
             message: "x".into(),
         };
         assert!(!missing.is_transient());
+    }
+
+    #[test]
+    fn giving_up_on_a_refusal_keeps_its_cause_its_code_and_its_exit_code() {
+        let full = Error::Daemon {
+            code: ErrorCode::STORAGE_FULL,
+            message: "disk full: the store could not commit".into(),
+        };
+        let e = Error::GaveUp {
+            waited: Duration::from_secs(2),
+            cause: Box::new(full),
+        };
+        assert_eq!(
+            e.to_string(),
+            "gave up after 2s: disk full: the store could not commit (storage_full)"
+        );
+        assert_eq!(e.exit_code(), 1);
+        assert_eq!(e.daemon_code(), Some(ErrorCode::STORAGE_FULL));
+        assert!(!e.is_transient());
+        assert!(!e.is_connection_failure());
     }
 
     #[test]

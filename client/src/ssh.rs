@@ -296,8 +296,9 @@ fn split_host_port(hostport: &str) -> Result<(&str, Option<u16>), String> {
     Ok((host, port))
 }
 
-/// Quotes `text` for a POSIX shell, leaving plain paths as they are.
-fn shell_quote(text: &str) -> String {
+/// Quotes `text` for a POSIX shell, leaving plain words and paths as they
+/// are: fit to paste into a command line.
+pub fn shell_quote(text: &str) -> String {
     let plain = !text.is_empty()
         && text
             .chars()

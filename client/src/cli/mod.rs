@@ -75,8 +75,8 @@ pub struct Global {
     #[arg(long, global = true)]
     json: bool,
 
-    /// How long to keep trying to reach the daemon before giving up with
-    /// exit code 4 (e.g. 500ms, 30s, 2m).
+    /// How long to keep retrying (e.g. 500ms, 30s, 2m) before giving up: exit
+    /// code 4 if the daemon cannot be reached, 1 if it keeps refusing (disk full).
     #[arg(
         long,
         global = true,

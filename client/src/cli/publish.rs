@@ -5,13 +5,16 @@
 //! with the same `--producer` and the same input stores nothing twice: the
 //! daemon acknowledges lines it already has without storing them again.
 //! Without `--producer` the name is unique per run. Exit 0 means every line
-//! is durable.
+//! is durable. If the daemon keeps refusing appends (a full disk) until the
+//! retry window runs out, the run gives up saying which lines are stored
+//! and how to store the rest.
 //!
 //! A thread reads stdin in large chunks and splits lines (see
 //! [`super::lines`]) while the async side pipelines them to the daemon.
 
 use clap::Args;
-use tether::{Publisher, PublisherOptions, Result};
+use tether::ssh::shell_quote;
+use tether::{Error, Publisher, PublisherOptions, Result};
 use tokio::sync::mpsc;
 
 use super::{lines, producer_name, stream_name, Context};
@@ -41,6 +44,23 @@ pub async fn run(ctx: &Context, args: PublishArgs) -> Result<()> {
         producer,
         PublisherOptions::default(),
     )?;
+    let outcome = publish_stdin(&mut publisher).await;
+    if let Err(Error::GaveUp { .. }) = outcome {
+        // The daemon kept refusing (a full disk) until the retry window ran
+        // out. Before the error itself is printed, say where the run
+        // stopped and how to finish it, since a re-run must reuse the
+        // producer name, which may have been generated.
+        eprintln!(
+            "tether: {}",
+            what_was_stored(publisher.acked_through(), publisher.producer())
+        );
+    }
+    outcome
+}
+
+/// Publishes every stdin line, the line number as its producer seq, and
+/// waits until all are durable.
+async fn publish_stdin(publisher: &mut Publisher) -> Result<()> {
     publisher.connect().await?;
 
     let max_line = publisher.max_payload();
@@ -78,6 +98,35 @@ pub async fn run(ctx: &Context, args: PublishArgs) -> Result<()> {
     publisher.flush().await
 }
 
+/// What a run that gave up leaves behind: lines `1..=acked_through` are
+/// stored, and re-running as `producer` on the same input stores the rest.
+///
+/// The lines after `acked_through` are said to be unconfirmed rather than
+/// unstored: a line whose acknowledgement was lost with a session may be
+/// stored all the same. The re-run is right either way, because the daemon
+/// stores nothing twice for one producer and line number. It must start
+/// from the same first line, since line numbers are the producer seqs.
+fn what_was_stored(acked_through: u64, producer: &str) -> String {
+    let stored = match acked_through {
+        0 => "no line of this run is confirmed stored".to_owned(),
+        1 => "line 1 of this run is stored; line 2 and later are not confirmed stored".to_owned(),
+        n => format!(
+            "lines 1-{n} of this run are stored; line {} and later are not confirmed stored",
+            n + 1
+        ),
+    };
+    let rest = if acked_through == 0 {
+        "them"
+    } else {
+        "the rest"
+    };
+    format!(
+        "{stored}. Run again with --producer {} and the same input, from its first line, \
+         to store {rest}, each line once.",
+        shell_quote(producer)
+    )
+}
+
 /// `host-pid-nanos`: unique per run, and still telling where it came from.
 fn default_producer() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -110,6 +159,34 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    #[test]
+    fn a_give_up_says_which_lines_are_stored_and_how_to_store_the_rest() {
+        assert_eq!(
+            what_was_stored(500, "after"),
+            "lines 1-500 of this run are stored; line 501 and later are not confirmed \
+             stored. Run again with --producer after and the same input, from its first \
+             line, to store the rest, each line once."
+        );
+        assert_eq!(
+            what_was_stored(1, "p"),
+            "line 1 of this run is stored; line 2 and later are not confirmed stored. \
+             Run again with --producer p and the same input, from its first line, to \
+             store the rest, each line once."
+        );
+        assert_eq!(
+            what_was_stored(0, "host-1-2"),
+            "no line of this run is confirmed stored. Run again with --producer host-1-2 \
+             and the same input, from its first line, to store them, each line once."
+        );
+    }
+
+    #[test]
+    fn producer_names_are_quoted_for_the_shell_only_when_needed() {
+        assert_eq!(shell_quote("box.example-1234-99"), "box.example-1234-99");
+        assert_eq!(shell_quote("a$b"), "'a$b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
 
     #[test]
     fn default_producer_names_are_valid_and_unique() {

@@ -3,8 +3,9 @@
 //! lines, a follower keeps reading what was stored, and once the tmpfs is
 //! grown the producer finishes with every line stored exactly once. And a
 //! disk that stays full: the producer says so once, keeps retrying for its
-//! retry window (`--connect-timeout`), then gives up with the cause, and
-//! nothing stored before is lost.
+//! retry window (`--connect-timeout`), then says which lines are stored and
+//! that it gave up, with the cause; nothing stored before is lost, and a
+//! re-run as the same producer stores the rest once.
 //!
 //! Mounting needs root (CI runs as root); elsewhere the tests print why they
 //! did nothing and pass.
@@ -139,15 +140,20 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
     );
 
     // Told once that the disk is full (and that nothing is dropped while
-    // retrying), then, when the window has run out, the cause again as the
-    // reason for giving up.
+    // retrying); when the window has run out, which lines are stored (none
+    // of this run) and how to store them, then that it gave up, and why.
+    // Giving up on a daemon that answers is an error (1), not "cannot reach
+    // the daemon" (4).
     out.assert_code(1);
     assert_eq!(out.stdout, "", "`tether publish` wrote to stdout");
     let retrying = format!("tether: {DISK_FULL}; keeping unacknowledged data and retrying\n");
-    let gave_up = format!("tether: {DISK_FULL}\n");
+    let stored = "tether: no line of this run is confirmed stored. Run again with \
+                  --producer after and the same input, from its first line, to store \
+                  them, each line once.\n";
+    let gave_up = format!("tether: gave up after 2s: {DISK_FULL}\n");
     assert_eq!(
         out.stderr,
-        format!("{retrying}{gave_up}"),
+        format!("{retrying}{stored}{gave_up}"),
         "stderr of `tether publish` on a full disk"
     );
     assert!(
@@ -156,8 +162,29 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
         out.elapsed
     );
 
+    // Without --producer the name is made up for the run: the advice names
+    // the one it used.
+    let out = cli::run(
+        sb.tether_with_timeout("2s", &["publish", "full"]),
+        after.as_bytes(),
+        Duration::from_secs(60),
+    );
+    out.assert_code(1);
+    let generated = advised_producer(&out.stderr);
+    assert_ne!(generated, "after", "stderr: {}", out.stderr);
+    let stored = format!(
+        "tether: no line of this run is confirmed stored. Run again with \
+         --producer {generated} and the same input, from its first line, to store \
+         them, each line once.\n"
+    );
+    assert_eq!(
+        out.stderr,
+        format!("{retrying}{stored}{gave_up}"),
+        "stderr of `tether publish` without --producer on a full disk"
+    );
+
     // Nothing acknowledged before the disk filled was lost, and nothing of
-    // the refused run was stored.
+    // the refused runs was stored.
     let stored = sb.run(&["tail", "full"]);
     stored.assert_success();
     tether_tests::text::assert_same_lines(&stored.stdout, &before, "the stored stream");
@@ -168,10 +195,14 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
         d.logs()
     );
 
-    // Once there is room again, re-running with the same producer stores
-    // the refused lines, each once.
+    // Once there is room again, re-running as advised (the same input with
+    // the producer name that was printed) stores the refused lines, each
+    // once.
     std::fs::remove_file(&filler).expect("remove the filler");
-    let out = sb.run_with_stdin(&publish_after, after.as_bytes());
+    let out = sb.run_with_stdin(
+        &["publish", "full", "--producer", &generated],
+        after.as_bytes(),
+    );
     out.assert_success();
     let stored = sb.run(&["tail", "full"]);
     stored.assert_success();
@@ -182,6 +213,17 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
     );
     raw::assert_stored(&socket, "full", 2 * STORED_BEFORE);
     drop(d);
+}
+
+/// The producer name that `tether publish` advises re-running with.
+fn advised_producer(stderr: &str) -> String {
+    let (_, rest) = stderr
+        .split_once(" --producer ")
+        .unwrap_or_else(|| panic!("no --producer advice on stderr:\n{stderr}"));
+    rest.split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("no producer name after --producer:\n{stderr}"))
+        .to_owned()
 }
 
 /// Writes `path` until the file system it is on has no space left.
