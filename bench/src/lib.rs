@@ -102,7 +102,8 @@ pub async fn connect(
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     };
-    let mut conn = Framed::new(stream, ClientCodec::new());
+    // Reads of up to 64 KiB: replays arrive in bulk.
+    let mut conn = Framed::with_capacity(stream, ClientCodec::new(), 64 * 1024);
     let hello = Request::Hello(Hello {
         version: PROTOCOL_VERSION,
         capabilities,

@@ -79,6 +79,8 @@ const MAX_APPEND_BATCH: usize = 4096;
 /// this bounds it: a hundred producers that all connect with a full window
 /// must not all be read into memory at once.
 const MAX_APPEND_BATCH_BYTES: usize = 64 * 1024;
+/// What a session buffers before it writes to its socket.
+const WRITE_BATCH_BYTES: usize = 32 * 1024;
 /// Subscription events buffered between the pump and the socket.
 const SUBSCRIPTION_BACKLOG: usize = 1;
 
@@ -145,7 +147,11 @@ pub async fn run(
 ) {
     shared.connections.fetch_add(1, Ordering::Relaxed);
     let (read_half, write_half) = stream.into_split();
-    let out = FramedWrite::new(write_half, ServerCodec::with_max_frame_len(usize::MAX));
+    let mut out = FramedWrite::new(write_half, ServerCodec::with_max_frame_len(usize::MAX));
+    // Frames are fed in bulk (a replay, a batch of live frames) and flushed
+    // once: writes of up to this size take fewer syscalls than the default
+    // 8 KiB, and the buffer only grows on a session that writes that much.
+    out.set_backpressure_boundary(WRITE_BATCH_BYTES);
     let mut session = Session {
         shared: shared.clone(),
         out,
