@@ -73,11 +73,12 @@ use crate::{Error, Result};
 pub const SCHEMA_VERSION: u64 = 2;
 
 /// redb's page cache. Bounded so that the daemon's memory does not grow with
-/// the store; large enough to hold a full group commit in its write buffer.
-/// Measured: at 64 MiB the daemon peaked at 168 MiB resident on W1 (the
-/// cache is many small page buffers); at 16 MiB it peaks near 50 MiB with
-/// no loss of ingest or replay speed.
-const CACHE_BYTES: usize = 16 * 1024 * 1024;
+/// the store; large enough to hold a full group commit (at most 4 MiB) in
+/// its write buffer. Measured on W1: at 64 MiB the daemon peaked at 168 MiB
+/// resident (the cache is many small page buffers), at 16 MiB near 47 MiB,
+/// at 8 MiB near 29 MiB, each with the same ingest and replay speed (W2
+/// peaks went from 64-69 to 55-57 MiB going from 16 to 8 MiB).
+const CACHE_BYTES: usize = 8 * 1024 * 1024;
 
 const STREAMS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("streams");
 const CHUNKS: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("chunks");
