@@ -7,35 +7,26 @@
 //! name saying what it is, and from then on guards against the bug here
 //! without libFuzzer or a nightly toolchain (see `scripts/fuzz.sh`).
 //!
-//! [`check_input`] runs exactly the fuzz target's checks: both decoders
-//! drain the stream, once in one read and once in seed-sized reads, must
-//! agree, and every decoded message must re-encode and decode back equal
-//! with a stable encoding. The fuzz crate is not a workspace member (it
-//! needs libFuzzer), so the checks are repeated here rather than shared;
-//! the two must change together.
+//! [`check_input`] is the fuzz target's own body (`decode_checks`, shared
+//! with it by path).
 //!
 //! On top of "never panics", the hand-picked inputs have their outcome
 //! pinned: which messages decode and the exact error that ends the stream.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::fmt::Debug;
+mod decode_checks;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use bytes::BytesMut;
-use tether_protocol::{
-    Capabilities, ClientCodec, Error, Hello, HelloOk, Request, Response, ServerCodec,
-};
-use tokio_util::codec::{Decoder, Encoder};
-
-/// The fuzz target's frame limit: hostile length prefixes meet it often.
-const MAX_FRAME_LEN: usize = 64 * 1024;
+use decode_checks::{check_input, Outcome, Outcomes};
+use tether_protocol::{Capabilities, Hello, HelloOk, Request, Response};
 
 /// Fewer files than this means the directory was emptied or not found in
 /// full; either way the regression suite would silently shrink.
 const MIN_INPUTS: usize = 12;
 
-/// How each [`Error`] variant the decoder can end a stream with begins when
+/// How each `tether_protocol::Error` variant the decoder can end a stream with begins when
 /// displayed. Every refusal must be one of them, followed by its details:
 /// a clear, named problem.
 const NAMED_PROBLEMS: [&str; 3] = ["frame of ", "truncated frame: ", "malformed message: "];
@@ -84,18 +75,6 @@ fn input(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
-// ---------------------------------------------------------------------------
-// The fuzz target's checks
-// ---------------------------------------------------------------------------
-
-/// What a decoder made of a whole stream: the messages in order, then the
-/// error that ended it, if any.
-#[derive(Debug, PartialEq)]
-struct Outcome<T> {
-    messages: Vec<T>,
-    error: Option<String>,
-}
-
 impl<T> Outcome<T> {
     fn messages(messages: Vec<T>) -> Self {
         Self {
@@ -109,141 +88,6 @@ impl<T> Outcome<T> {
             messages,
             error: Some(error.to_owned()),
         }
-    }
-}
-
-/// What both sides made of one input: the daemon's decoder (requests) and
-/// the client's (responses). `None` for an empty input, which the fuzz
-/// target skips.
-#[derive(Debug)]
-struct Outcomes {
-    server: Outcome<Request>,
-    client: Outcome<Response>,
-}
-
-/// The body of the decode fuzz target, returning what it saw.
-fn check_input(data: &[u8]) -> Option<Outcomes> {
-    let (&seed, stream) = data.split_first()?;
-    let server = check_stream(
-        stream,
-        seed,
-        || ServerCodec::with_max_frame_len(MAX_FRAME_LEN),
-        ClientCodec::new,
-        ServerCodec::new,
-    );
-    let client = check_stream(
-        stream,
-        seed,
-        || ClientCodec::with_max_frame_len(MAX_FRAME_LEN),
-        ServerCodec::new,
-        ClientCodec::new,
-    );
-    Some(Outcomes { server, client })
-}
-
-/// Runs the stream through a fresh decoder twice (one read, then reads
-/// sized from `seed`), requires both to agree, and round-trips every
-/// message through the peer's encoder and a fresh decoder.
-fn check_stream<T, D, E>(
-    stream: &[u8],
-    seed: u8,
-    decoder: impl Fn() -> D,
-    peer_encoder: impl Fn() -> E,
-    fresh_decoder: impl Fn() -> D,
-) -> Outcome<T>
-where
-    T: PartialEq + Debug + Clone,
-    D: Decoder<Item = T, Error = Error>,
-    E: Encoder<T, Error = Error>,
-{
-    let whole = run(decoder(), stream, std::iter::repeat(stream.len().max(1)));
-    let split = run(decoder(), stream, ChunkSizes::new(seed));
-    assert_eq!(whole, split, "the read boundaries changed the result");
-
-    for message in &whole.messages {
-        let first = encode(peer_encoder(), message);
-        let mut src = first.clone();
-        let again = fresh_decoder()
-            .decode(&mut src)
-            .unwrap_or_else(|e| panic!("re-encoded {message:?} does not decode: {e}"));
-        assert_eq!(again.as_ref(), Some(message), "round trip changed it");
-        assert!(src.is_empty(), "re-encoded frame has leftover bytes");
-        let second = encode(peer_encoder(), message);
-        assert_eq!(first, second, "encoding is not deterministic");
-    }
-    whole
-}
-
-fn encode<T: Clone + Debug, E: Encoder<T, Error = Error>>(mut encoder: E, message: &T) -> BytesMut {
-    let mut dst = BytesMut::new();
-    encoder
-        .encode(message.clone(), &mut dst)
-        .unwrap_or_else(|e| panic!("decoded {message:?} does not re-encode: {e}"));
-    dst
-}
-
-/// Feeds `stream` to `decoder` in reads of the given sizes, draining it
-/// after each read the way a framed reader does, then signals end of stream.
-fn run<T, D>(mut decoder: D, stream: &[u8], sizes: impl IntoIterator<Item = usize>) -> Outcome<T>
-where
-    D: Decoder<Item = T, Error = Error>,
-{
-    let mut outcome = Outcome::messages(Vec::new());
-    let mut src = BytesMut::new();
-    let mut rest = stream;
-    let mut sizes = sizes.into_iter();
-    while !rest.is_empty() {
-        let size = sizes.next().unwrap_or(rest.len()).clamp(1, rest.len());
-        let (read, tail) = rest.split_at(size);
-        rest = tail;
-        src.extend_from_slice(read);
-        loop {
-            match decoder.decode(&mut src) {
-                Ok(Some(message)) => outcome.messages.push(message),
-                Ok(None) => break,
-                Err(e) => {
-                    outcome.error = Some(e.to_string());
-                    return outcome;
-                }
-            }
-        }
-    }
-    loop {
-        match decoder.decode_eof(&mut src) {
-            Ok(Some(message)) => outcome.messages.push(message),
-            Ok(None) => break,
-            Err(e) => {
-                outcome.error = Some(e.to_string());
-                break;
-            }
-        }
-    }
-    outcome
-}
-
-/// The fuzz target's read sizes: a small linear congruential generator
-/// seeded by the input's first byte. Seed 0 means one-byte reads.
-#[derive(Debug)]
-struct ChunkSizes {
-    state: u32,
-    max: usize,
-}
-
-impl ChunkSizes {
-    fn new(seed: u8) -> Self {
-        Self {
-            state: u32::from(seed),
-            max: 1 + usize::from(seed) * 4,
-        }
-    }
-}
-
-impl Iterator for ChunkSizes {
-    type Item = usize;
-
-    fn next(&mut self) -> Option<usize> {
-        self.state = self.state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-        Some(1 + (self.state >> 16) as usize % self.max)
     }
 }
 
