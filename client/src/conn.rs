@@ -607,7 +607,9 @@ impl Link {
                 Err(e) if e.is_transient() => {
                     tracing::debug!(endpoint = %self.connector.endpoint, "connect failed: {e}");
                     self.outage_since.get_or_insert_with(Instant::now);
-                    self.state = LinkState::Down(e);
+                    if !self.keeps_earlier_cause(&e) {
+                        self.state = LinkState::Down(e);
+                    }
                 }
                 Err(e) => {
                     self.state = LinkState::Idle;
@@ -659,6 +661,17 @@ impl Link {
     }
 
     /// Ends an outage whose window ran out: the error to return.
+    /// Over ssh, an attempt that timed out says less than an earlier one
+    /// the remote side explained (say, its daemon's socket is missing): on
+    /// a loaded host the ssh login alone can outlast a late attempt's
+    /// shorter time limit. The explained cause is kept as the one to
+    /// report.
+    fn keeps_earlier_cause(&self, new: &Error) -> bool {
+        matches!(self.connector.endpoint, Endpoint::Ssh(_))
+            && matches!(new, Error::Timeout { .. })
+            && matches!(&self.state, LinkState::Down(earlier) if !matches!(earlier, Error::Timeout { .. }))
+    }
+
     fn give_up(&mut self) -> Error {
         let state = std::mem::replace(&mut self.state, LinkState::Idle);
         self.outage_since = None;
@@ -714,6 +727,35 @@ mod tests {
                 ..ConnectOptions::default()
             },
         )
+    }
+
+    #[test]
+    fn over_ssh_a_late_timeout_does_not_hide_the_cause_the_remote_gave() {
+        let explained = || Error::Io {
+            endpoint: "ssh://h/x.sock".into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "x.sock: No such file"),
+        };
+        let timeout = Error::Timeout {
+            endpoint: "ssh://h/x.sock".into(),
+            after: Duration::from_secs(4),
+        };
+        let options = ConnectOptions::default();
+        let mut ssh = Link::new(Connector::new(
+            Endpoint::ssh("ssh://h/x.sock").unwrap(),
+            options.clone(),
+        ));
+        ssh.state = LinkState::Down(explained());
+        assert!(ssh.keeps_earlier_cause(&timeout));
+        assert!(!ssh.keeps_earlier_cause(&explained()));
+        ssh.state = LinkState::Down(Error::Timeout {
+            endpoint: "ssh://h/x.sock".into(),
+            after: Duration::from_secs(4),
+        });
+        assert!(!ssh.keeps_earlier_cause(&timeout));
+
+        let mut local = Link::new(Connector::new(Endpoint::unix("/x.sock"), options));
+        local.state = LinkState::Down(explained());
+        assert!(!local.keeps_earlier_cause(&timeout));
     }
 
     #[tokio::test]
