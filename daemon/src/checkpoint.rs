@@ -20,59 +20,30 @@ use tether_protocol::{Checkpoint, CheckpointMeta, CheckpointRef};
 
 use crate::{Error, Result};
 
-/// The CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) lookup table,
-/// built at compile time.
-const CRC_TABLE: [u32; 256] = crc_table();
-
-const fn crc_table() -> [u32; 256] {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-}
-
-/// A running CRC-32 (IEEE), so that a header and a payload stored apart
-/// can be checked without copying them together.
-#[derive(Clone, Copy, Debug)]
-pub struct Crc32(u32);
-
-impl Default for Crc32 {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// A running CRC-32 (IEEE 802.3, as zlib and PNG use it), so that a header
+/// and a payload stored apart can be checked without copying them
+/// together. Computed by `crc32fast`, which uses the CPU's carry-less
+/// multiply where it has one: a megabyte in tens of microseconds rather
+/// than the milliseconds of a byte-at-a-time table.
+#[derive(Clone, Debug, Default)]
+pub struct Crc32(crc32fast::Hasher);
 
 impl Crc32 {
     /// A CRC over nothing yet.
-    pub const fn new() -> Self {
-        Self(0xFFFF_FFFF)
+    pub fn new() -> Self {
+        Self(crc32fast::Hasher::new())
     }
 
     /// Feeds `bytes`.
     #[must_use]
     pub fn update(mut self, bytes: &[u8]) -> Self {
-        for &b in bytes {
-            self.0 = CRC_TABLE[((self.0 ^ u32::from(b)) & 0xFF) as usize] ^ (self.0 >> 8);
-        }
+        self.0.update(bytes);
         self
     }
 
     /// The CRC of everything fed.
     pub fn finish(self) -> u32 {
-        !self.0
+        self.0.finalize()
     }
 }
 
