@@ -5,147 +5,20 @@
 //! the shim's side of the protocol, so it decides when each attempt ends.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use tether_protocol::{
-    Append, Capabilities, CheckpointSave, ClientCodec, ErrorCode, ExecState, ExecutionInfo,
-    ExitStatus, FrameKind, Hello, Request, Response, RestartPolicy, RunSpec, ShimHello, ShimSpec,
-    StartAt, Subscribe, WorkerExited, PROTOCOL_VERSION,
+    Append, CheckpointSave, ErrorCode, ExecState, ExecutionInfo, ExitStatus, FrameKind, Request,
+    Response, RestartPolicy, RunSpec, ShimHello, StartAt, Subscribe, WorkerExited,
 };
-use tetherd::supervisor::procfs::{self, Pidfd, ProcessId};
-use tokio::net::UnixStream;
-use tokio_util::codec::Framed;
-use tokio_util::sync::CancellationToken;
+use tetherd::supervisor::procfs::{self, ProcessId};
 
-const FAKE_SHIM: &str = r#"#!/bin/sh
-dir=$(dirname "$0")
-cat > "$dir/spec-$1-$2"
-echo $$ > "$dir/pid-$1-$2.tmp"
-mv "$dir/pid-$1-$2.tmp" "$dir/pid-$1-$2"
-exec sleep 120
-"#;
+mod support;
 
-const WAIT: Duration = Duration::from_secs(10);
-
-struct Env {
-    dir: tempfile::TempDir,
-    shims: std::sync::Mutex<Vec<ProcessId>>,
-}
-
-impl Env {
-    fn new() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let shim = dir.path().join("fake-shim");
-        std::fs::write(&shim, FAKE_SHIM).unwrap();
-        std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        Env {
-            dir,
-            shims: std::sync::Mutex::new(Vec::new()),
-        }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("tether.sock")
-    }
-
-    fn config(&self) -> tetherd::Config {
-        let mut config = tetherd::Config::new(self.socket(), self.dir.path().join("state"));
-        config.shim = Some(self.dir.path().join("fake-shim"));
-        config
-    }
-
-    async fn start(&self) -> Daemon {
-        let token = CancellationToken::new();
-        let task = tokio::spawn(tetherd::run(self.config(), token.clone()));
-        let deadline = Instant::now() + WAIT;
-        while UnixStream::connect(self.socket()).await.is_err() {
-            assert!(Instant::now() < deadline, "daemon did not start");
-            assert!(!task.is_finished(), "daemon exited at start");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Daemon { token, task }
-    }
-
-    async fn shim_of(&self, id: &str, attempt: u32) -> ProcessId {
-        let path = self.dir.path().join(format!("pid-{id}-{attempt}"));
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                let shim = procfs::identify(text.trim().parse().unwrap()).unwrap();
-                self.shims.lock().unwrap().push(shim);
-                return shim;
-            }
-            assert!(Instant::now() < deadline, "no shim for attempt {attempt}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    fn spec_of(&self, id: &str, attempt: u32) -> ShimSpec {
-        let bytes = std::fs::read(self.dir.path().join(format!("spec-{id}-{attempt}"))).unwrap();
-        tether_protocol::codec::decode_message(&bytes[4..]).unwrap()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        for shim in self.shims.lock().unwrap().drain(..) {
-            kill(shim);
-        }
-    }
-}
-
-fn kill(id: ProcessId) {
-    if let Ok(Some(pidfd)) = Pidfd::open_verified(id) {
-        let _ = pidfd.signal(libc::SIGKILL);
-    }
-}
-
-struct Daemon {
-    token: CancellationToken,
-    task: tokio::task::JoinHandle<tetherd::Result<()>>,
-}
-
-impl Daemon {
-    async fn stop(self) {
-        self.token.cancel();
-        self.task.await.unwrap().unwrap();
-    }
-}
-
-struct Client(Framed<UnixStream, ClientCodec>);
-
-impl Client {
-    async fn connect(socket: &Path) -> Client {
-        let stream = UnixStream::connect(socket).await.unwrap();
-        let mut client = Client(Framed::new(stream, ClientCodec::new()));
-        let hello = Request::Hello(Hello {
-            version: PROTOCOL_VERSION,
-            capabilities: Capabilities::DURABLE,
-            client: "checkpoint test".into(),
-        });
-        match client.call(hello).await {
-            Response::HelloOk(_) => client,
-            other => panic!("expected HelloOk, got {other:?}"),
-        }
-    }
-
-    async fn call(&mut self, request: Request) -> Response {
-        self.0.send(request).await.unwrap();
-        tokio::time::timeout(WAIT, self.0.next())
-            .await
-            .expect("answer within the wait")
-            .expect("connection open")
-            .unwrap()
-    }
-}
-
-async fn call(socket: &Path, request: Request) -> Response {
-    Client::connect(socket).await.call(request).await
-}
+use support::*;
 
 /// The shim's side of one attempt, with a stand-in worker.
 struct Attempt {
@@ -410,7 +283,7 @@ async fn a_lost_attempt_with_only_corrupt_checkpoints_starts_fresh_and_says_so()
     daemon.stop().await;
     // The daemon is down: its shim dies, and the checkpoint is damaged.
     kill(shim);
-    let store = env.dir.path().join("state").join("tether.redb");
+    let store = env.state_dir().join("tether.redb");
     tetherd::store::corrupt_checkpoint_for_tests(&store, &id, 1).unwrap();
 
     let daemon = env.start().await;

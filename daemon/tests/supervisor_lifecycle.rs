@@ -9,151 +9,21 @@
 //! control.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
 use tether_protocol::{
-    Append, Capabilities, ClientCodec, ErrorCode, ExecState, ExecutionInfo, ExitStatus, FrameKind,
-    Hello, Request, Response, RestartPolicy, RunSpec, ShimHello, ShimSpec, StartAt, Subscribe,
-    WorkerExited, PROTOCOL_VERSION,
+    Append, ErrorCode, ExecState, ExecutionInfo, ExitStatus, FrameKind, Request, Response,
+    RestartPolicy, RunSpec, StartAt, Subscribe, WorkerExited,
 };
 use tetherd::supervisor::manifest::Manifest;
-use tetherd::supervisor::procfs::{self, Pidfd, ProcessId};
-use tokio::net::UnixStream;
-use tokio_util::codec::Framed;
-use tokio_util::sync::CancellationToken;
+use tetherd::supervisor::procfs::{self, ProcessId};
 
-const FAKE_SHIM: &str = r#"#!/bin/sh
-dir=$(dirname "$0")
-cat > "$dir/spec-$1-$2"
-echo $$ > "$dir/pid-$1-$2.tmp"
-mv "$dir/pid-$1-$2.tmp" "$dir/pid-$1-$2"
-exec sleep 120
-"#;
+mod support;
 
-const WAIT: Duration = Duration::from_secs(10);
-
-// ---------------------------------------------------------------------------
-// Harness
-// ---------------------------------------------------------------------------
-
-/// A state directory, a socket and a stand-in shim; daemons come and go.
-struct Env {
-    dir: tempfile::TempDir,
-    shim: PathBuf,
-    /// Stand-in shims seen, killed when the test ends.
-    shims: Mutex<Vec<ProcessId>>,
-}
-
-impl Env {
-    fn new() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let shim = dir.path().join("fake-shim");
-        std::fs::write(&shim, FAKE_SHIM).unwrap();
-        std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        Env {
-            dir,
-            shim,
-            shims: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("tether.sock")
-    }
-
-    fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
-    }
-
-    fn config(&self) -> tetherd::Config {
-        let mut config = tetherd::Config::new(self.socket(), self.state_dir());
-        config.shim = Some(self.shim.clone());
-        config
-    }
-
-    async fn start(&self) -> Daemon {
-        self.start_with(self.config()).await
-    }
-
-    async fn start_with(&self, config: tetherd::Config) -> Daemon {
-        let token = CancellationToken::new();
-        let task = tokio::spawn(tetherd::run(config, token.clone()));
-        let deadline = Instant::now() + WAIT;
-        while UnixStream::connect(self.socket()).await.is_err() {
-            assert!(Instant::now() < deadline, "daemon did not start");
-            assert!(!task.is_finished(), "daemon exited at start");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Daemon {
-            socket: self.socket(),
-            token,
-            task,
-        }
-    }
-
-    /// The stand-in shim of `attempt`, once it has started.
-    async fn shim_of(&self, id: &str, attempt: u32) -> ProcessId {
-        let path = self.dir.path().join(format!("pid-{id}-{attempt}"));
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                let pid: u32 = text.trim().parse().unwrap();
-                let shim = procfs::identify(pid).unwrap();
-                self.shims.lock().unwrap().push(shim);
-                return shim;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no shim for attempt {attempt} of {id}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    fn has_shim(&self, id: &str, attempt: u32) -> bool {
-        self.dir.path().join(format!("pid-{id}-{attempt}")).exists()
-    }
-
-    fn spec_of(&self, id: &str, attempt: u32) -> ShimSpec {
-        let bytes = std::fs::read(self.dir.path().join(format!("spec-{id}-{attempt}"))).unwrap();
-        let len = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
-        assert_eq!(bytes.len(), 4 + len, "exactly one frame");
-        tether_protocol::codec::decode_message(&bytes[4..]).unwrap()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        for shim in self.shims.lock().unwrap().drain(..) {
-            kill(shim);
-        }
-    }
-}
-
-fn kill(id: ProcessId) {
-    if let Ok(Some(pidfd)) = Pidfd::open_verified(id) {
-        let _ = pidfd.signal(libc::SIGKILL);
-    }
-}
-
-struct Daemon {
-    socket: PathBuf,
-    token: CancellationToken,
-    task: tokio::task::JoinHandle<tetherd::Result<()>>,
-}
-
-impl Daemon {
-    async fn stop(self) {
-        self.token.cancel();
-        self.task.await.unwrap().unwrap();
-    }
-}
+use support::*;
 
 /// A stand-in worker: a real process with a real identity.
 struct Worker {
@@ -198,84 +68,6 @@ impl Drop for Worker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-struct Client(Framed<UnixStream, ClientCodec>);
-
-impl Client {
-    async fn connect(socket: &Path) -> Client {
-        let stream = UnixStream::connect(socket).await.unwrap();
-        let mut client = Client(Framed::new(stream, ClientCodec::new()));
-        let hello = Request::Hello(Hello {
-            version: PROTOCOL_VERSION,
-            capabilities: Capabilities::DURABLE,
-            client: "supervisor test".into(),
-        });
-        match client.call(hello).await {
-            Response::HelloOk(_) => client,
-            other => panic!("expected HelloOk, got {other:?}"),
-        }
-    }
-
-    async fn send(&mut self, request: Request) {
-        self.0.send(request).await.unwrap();
-    }
-
-    async fn recv(&mut self) -> Response {
-        tokio::time::timeout(WAIT, self.0.next())
-            .await
-            .expect("answer within the wait")
-            .expect("connection open")
-            .unwrap()
-    }
-
-    async fn call(&mut self, request: Request) -> Response {
-        self.send(request).await;
-        self.recv().await
-    }
-
-    /// Says hello as the shim of `attempt` and expects to be accepted.
-    async fn shim(
-        socket: &Path,
-        id: &str,
-        attempt: u32,
-        shim: ProcessId,
-        worker: Option<ProcessId>,
-    ) -> Client {
-        let mut client = Client::connect(socket).await;
-        match client.call(shim_hello(id, attempt, shim, worker)).await {
-            Response::ShimAccepted => client,
-            other => panic!("expected ShimAccepted, got {other:?}"),
-        }
-    }
-
-    async fn exited(&mut self, id: &str, attempt: u32, status: ExitStatus) {
-        let request = Request::WorkerExited(WorkerExited {
-            execution: id.into(),
-            attempt,
-            status,
-        });
-        match self.call(request).await {
-            Response::ExitRecorded => {}
-            other => panic!("expected ExitRecorded, got {other:?}"),
-        }
-    }
-}
-
-fn shim_hello(id: &str, attempt: u32, shim: ProcessId, worker: Option<ProcessId>) -> Request {
-    Request::ShimHello(ShimHello {
-        execution: id.into(),
-        attempt,
-        shim_pid: shim.pid,
-        shim_start_ticks: shim.start_ticks,
-        worker_pid: worker.map(|w| w.pid),
-        worker_start_ticks: worker.map_or(0, |w| w.start_ticks),
-        boot_id: procfs::boot_id().unwrap(),
-    })
-}
-
-async fn call(socket: &Path, request: Request) -> Response {
-    Client::connect(socket).await.call(request).await
 }
 
 fn spec(command: &[&str], restart: RestartPolicy) -> RunSpec {
@@ -585,7 +377,7 @@ async fn a_worker_that_cannot_start_fails_at_once_with_the_reason() {
 async fn a_missing_shim_program_fails_the_run_at_once() {
     let env = Env::new();
     let mut config = env.config();
-    config.shim = Some(env.dir.path().join("no-such-shim"));
+    config.shim = Some(env.path().join("no-such-shim"));
     let daemon = env.start_with(config).await;
     let socket = &daemon.socket;
     let id = run(socket, spec(&["true"], RestartPolicy::Always)).await;

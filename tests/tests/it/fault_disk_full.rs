@@ -25,19 +25,27 @@ use tether_tests::{cli, Sandbox, Signal};
 const LINES: u64 = 6000;
 const WIDTH: usize = 1000;
 
-#[test]
-fn a_full_disk_refuses_appends_clearly_keeps_reads_going_and_recovers() {
+/// A sandbox whose state directory is a 3 MiB tmpfs; `None`, after saying
+/// why, where it cannot be mounted (not root).
+fn sandbox_on_a_small_tmpfs() -> Option<(Sandbox, Tmpfs)> {
     if !fault::is_root() {
         eprintln!("skipped: mounting a tmpfs for the state directory needs root");
-        return;
+        return None;
     }
     let sb = Sandbox::new();
-    let tmpfs = match Tmpfs::mount(&sb.state_dir(), "3m") {
-        Ok(t) => t,
+    match Tmpfs::mount(&sb.state_dir(), "3m") {
+        Ok(tmpfs) => Some((sb, tmpfs)),
         Err(e) => {
             eprintln!("skipped: cannot mount a tmpfs ({e})");
-            return;
+            None
         }
+    }
+}
+
+#[test]
+fn a_full_disk_refuses_appends_clearly_keeps_reads_going_and_recovers() {
+    let Some((sb, tmpfs)) = sandbox_on_a_small_tmpfs() else {
+        return;
     };
     let socket = sb.socket();
     let d = sb.start_daemon();
@@ -104,17 +112,8 @@ const DISK_FULL: &str = "disk full: the store could not commit \
 
 #[test]
 fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
-    if !fault::is_root() {
-        eprintln!("skipped: mounting a tmpfs for the state directory needs root");
+    let Some((sb, _tmpfs)) = sandbox_on_a_small_tmpfs() else {
         return;
-    }
-    let sb = Sandbox::new();
-    let _tmpfs = match Tmpfs::mount(&sb.state_dir(), "3m") {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("skipped: cannot mount a tmpfs ({e})");
-            return;
-        }
     };
     let socket = sb.socket();
     let d = sb.start_daemon();
