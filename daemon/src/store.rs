@@ -61,7 +61,8 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use bytes::Bytes;
 use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction,
+    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition,
+    WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
 use tether_protocol::{ConsumerInfo, Frame, FrameKind, StreamInfo};
@@ -344,14 +345,37 @@ impl Store {
         storage(e)
     }
 
-    /// Everything the writer caches, read in one transaction.
-    pub fn load(&self) -> Result<Snapshot> {
-        self.reading(|| self.load_once())
+    /// Runs `read` in a read transaction of its own (see [`Store::reading`]
+    /// for the retry after a failed handle).
+    fn read_in<T>(&self, read: impl Fn(&ReadTransaction) -> Result<T>) -> Result<T> {
+        self.reading(|| {
+            let guard = self.handle()?;
+            let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+            read(&txn)
+        })
     }
 
-    fn load_once(&self) -> Result<Snapshot> {
-        let guard = self.handle()?;
-        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+    /// [`Error::ExecutionNotFound`] unless `execution` is recorded.
+    fn require_execution(&self, txn: &ReadTransaction, execution: &str) -> Result<()> {
+        let known = txn
+            .open_table(EXECUTIONS)
+            .map_err(|e| self.fail(e))?
+            .get(execution)
+            .map_err(|e| self.fail(e))?
+            .is_some();
+        if known {
+            Ok(())
+        } else {
+            Err(Error::ExecutionNotFound(execution.to_owned()))
+        }
+    }
+
+    /// Everything the writer caches, read in one transaction.
+    pub fn load(&self) -> Result<Snapshot> {
+        self.read_in(|txn| self.load_in(txn))
+    }
+
+    fn load_in(&self, txn: &ReadTransaction) -> Result<Snapshot> {
         let mut snapshot = Snapshot {
             next_stream_id: txn
                 .open_table(META)
@@ -411,17 +435,16 @@ impl Store {
         from_seq: u64,
         limits: ReadLimits,
     ) -> Result<ReadChunk> {
-        self.reading(|| self.read_frames_once(stream, from_seq, limits))
+        self.read_in(|txn| self.read_frames_in(txn, stream, from_seq, limits))
     }
 
-    fn read_frames_once(
+    fn read_frames_in(
         &self,
+        txn: &ReadTransaction,
         stream: &str,
         from_seq: u64,
         limits: ReadLimits,
     ) -> Result<ReadChunk> {
-        let guard = self.handle()?;
-        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
         let meta = txn
             .open_table(STREAMS)
             .map_err(|e| self.fail(e))?
@@ -475,12 +498,10 @@ impl Store {
 
     /// The timestamp of one frame, `None` when it is not stored.
     pub fn frame_ts(&self, stream_id: u64, seq: u64) -> Result<Option<u64>> {
-        self.reading(|| self.frame_ts_once(stream_id, seq))
+        self.read_in(|txn| self.frame_ts_in(txn, stream_id, seq))
     }
 
-    fn frame_ts_once(&self, stream_id: u64, seq: u64) -> Result<Option<u64>> {
-        let guard = self.handle()?;
-        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+    fn frame_ts_in(&self, txn: &ReadTransaction, stream_id: u64, seq: u64) -> Result<Option<u64>> {
         let table = txn.open_table(CHUNKS).map_err(|e| self.fail(e))?;
         let Some(first) = chunk_holding(&table, stream_id, seq).map_err(|e| self.fail(e))? else {
             return Ok(None);
@@ -505,12 +526,10 @@ impl Store {
     /// Every execution manifest, as (execution id, encoded manifest), in id
     /// order.
     pub fn load_executions(&self) -> Result<Vec<(String, Vec<u8>)>> {
-        self.reading(|| self.load_executions_once())
+        self.read_in(|txn| self.load_executions_in(txn))
     }
 
-    fn load_executions_once(&self) -> Result<Vec<(String, Vec<u8>)>> {
-        let guard = self.handle()?;
-        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+    fn load_executions_in(&self, txn: &ReadTransaction) -> Result<Vec<(String, Vec<u8>)>> {
         let mut out = Vec::new();
         for item in txn
             .open_table(EXECUTIONS)
@@ -532,9 +551,9 @@ impl Store {
         execution: &str,
         map: impl Fn(u64, &[u8]) -> T,
     ) -> Result<Vec<T>> {
-        self.reading(|| {
+        self.read_in(|txn| {
             let mut out = Vec::new();
-            self.scan_checkpoints(execution, |id, record| {
+            self.scan_checkpoints(txn, execution, |id, record| {
                 out.push(map(id, record));
                 true
             })?;
@@ -550,9 +569,9 @@ impl Store {
         execution: &str,
         pick: impl Fn(u64, &[u8]) -> Option<T>,
     ) -> Result<Option<T>> {
-        self.reading(|| {
+        self.read_in(|txn| {
             let mut found = None;
-            self.scan_checkpoints(execution, |id, record| {
+            self.scan_checkpoints(txn, execution, |id, record| {
                 found = pick(id, record);
                 found.is_none()
             })?;
@@ -562,20 +581,11 @@ impl Store {
 
     fn scan_checkpoints(
         &self,
+        txn: &ReadTransaction,
         execution: &str,
         visit: impl FnMut(u64, &[u8]) -> bool,
     ) -> Result<()> {
-        let guard = self.handle()?;
-        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
-        let known = txn
-            .open_table(EXECUTIONS)
-            .map_err(|e| self.fail(e))?
-            .get(execution)
-            .map_err(|e| self.fail(e))?
-            .is_some();
-        if !known {
-            return Err(Error::ExecutionNotFound(execution.to_owned()));
-        }
+        self.require_execution(txn, execution)?;
         let table = txn.open_table(CHECKPOINTS).map_err(|e| self.fail(e))?;
         scan_newest_first(&table, execution, visit).map_err(|e| self.fail(e))
     }
@@ -586,9 +596,7 @@ impl Store {
         &self,
         pick: impl Fn(&str, u64, &[u8]) -> Option<T>,
     ) -> Result<Vec<(String, T)>> {
-        self.reading(|| {
-            let guard = self.handle()?;
-            let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+        self.read_in(|txn| {
             let checkpoints = txn.open_table(CHECKPOINTS).map_err(|e| self.fail(e))?;
             let mut out = Vec::new();
             for item in txn
@@ -616,18 +624,8 @@ impl Store {
     /// The recorded result of a durable step. An unknown execution is
     /// [`Error::ExecutionNotFound`].
     pub fn step(&self, execution: &str, step: &str) -> Result<Option<Vec<u8>>> {
-        self.reading(|| {
-            let guard = self.handle()?;
-            let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
-            let known = txn
-                .open_table(EXECUTIONS)
-                .map_err(|e| self.fail(e))?
-                .get(execution)
-                .map_err(|e| self.fail(e))?
-                .is_some();
-            if !known {
-                return Err(Error::ExecutionNotFound(execution.to_owned()));
-            }
+        self.read_in(|txn| {
+            self.require_execution(txn, execution)?;
             let value = txn
                 .open_table(STEPS)
                 .map_err(|e| self.fail(e))?
@@ -639,12 +637,10 @@ impl Store {
 
     /// One row per stream, with its consumers, in name order.
     pub fn list_streams(&self) -> Result<Vec<StreamInfo>> {
-        self.reading(|| self.list_streams_once())
+        self.read_in(|txn| self.list_streams_in(txn))
     }
 
-    fn list_streams_once(&self) -> Result<Vec<StreamInfo>> {
-        let guard = self.handle()?;
-        let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
+    fn list_streams_in(&self, txn: &ReadTransaction) -> Result<Vec<StreamInfo>> {
         let consumers = txn.open_table(CONSUMERS).map_err(|e| self.fail(e))?;
         let mut out = Vec::new();
         for item in txn
