@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, SinkExt, StreamExt};
-use tether_protocol::codec::{decode_message, peek_hello_version};
+use tether_protocol::codec::{decode_wire_message, peek_hello_version};
 use tether_protocol::{
     validate_appends, validate_name, Appended, Capabilities, Durable, DurableAck, DurableResume,
     ErrorCode, ErrorFrame, Hello, HelloOk, Request, Response, ServerCodec, ShimHello, StartAt,
@@ -771,7 +771,7 @@ async fn read_hello(
             ));
         }
     }
-    match decode_message::<Request>(&body)? {
+    match decode_wire_message::<Request>(&body)? {
         Request::Hello(hello) => Ok(Some(hello)),
         other => Err(Refusal::new(
             ErrorCode::HELLO_REQUIRED,

@@ -11,7 +11,7 @@ use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::{Error, Request, Response, DEFAULT_MAX_FRAME_LEN};
+use crate::{Error, Message, Request, Response, DEFAULT_MAX_FRAME_LEN};
 
 const PREFIX_LEN: usize = 4;
 
@@ -59,7 +59,7 @@ impl<In, Out> Clone for Codec<In, Out> {
     }
 }
 
-impl<In: DeserializeOwned, Out> Decoder for Codec<In, Out> {
+impl<In: Message, Out> Decoder for Codec<In, Out> {
     type Item = In;
     type Error = Error;
 
@@ -84,7 +84,7 @@ impl<In: DeserializeOwned, Out> Decoder for Codec<In, Out> {
         }
         src.advance(PREFIX_LEN);
         let body = src.split_to(len);
-        decode_message(&body).map(Some)
+        decode_wire_message(&body).map(Some)
     }
 
     fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<In>, Error> {
@@ -130,6 +130,26 @@ pub fn decode_message<T: DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
         });
     }
     Ok(message)
+}
+
+/// Parses one [`Message`] body, like [`decode_message`], and names an
+/// unknown message type as such.
+pub fn decode_wire_message<T: Message>(body: &[u8]) -> Result<T, Error> {
+    decode_message(body).map_err(|e| match e {
+        Error::Malformed(_) => unknown_kind::<T>(body).unwrap_or(e),
+        e => e,
+    })
+}
+
+/// [`Error::UnknownMessage`] when the body starts with a variant index
+/// this build does not know.
+fn unknown_kind<T: Message>(body: &[u8]) -> Option<Error> {
+    let (kind, _): (u32, &[u8]) = postcard::take_from_bytes(body).ok()?;
+    (kind >= T::KINDS).then(|| Error::UnknownMessage {
+        message: T::NAME,
+        kind,
+        last: T::KINDS - 1,
+    })
 }
 
 /// `Request` for `tether_protocol::frame::Request`: what an error names.

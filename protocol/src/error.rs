@@ -21,6 +21,18 @@ pub enum Error {
     #[error("malformed message: {extra} bytes left over after a {message} message")]
     TrailingBytes { message: &'static str, extra: usize },
 
+    /// The message's type is one this build does not know: the peer is a
+    /// newer build that added it.
+    #[error(
+        "unknown {message} type {kind}: this build knows types 0 to {last}; \
+         the peer is newer than this build"
+    )]
+    UnknownMessage {
+        message: &'static str,
+        kind: u32,
+        last: u32,
+    },
+
     /// A message could not be encoded (for example a payload over the limit).
     #[error("cannot encode message: {0}")]
     Encode(postcard::Error),

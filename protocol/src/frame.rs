@@ -143,6 +143,27 @@ pub enum Request {
     },
 }
 
+/// A top-level message of the protocol: an enum whose variant index is the
+/// first varint of every frame body. Variants are only ever appended, so a
+/// peer that sends an index at or above [`Message::KINDS`] is newer than
+/// this build, and is told so rather than that its bytes are malformed.
+pub trait Message: serde::de::DeserializeOwned {
+    /// How errors name it.
+    const NAME: &'static str;
+    /// The variant indexes this build knows: `0..KINDS`.
+    const KINDS: u32;
+}
+
+impl Message for Request {
+    const NAME: &'static str = "request";
+    const KINDS: u32 = 17;
+}
+
+impl Message for Response {
+    const NAME: &'static str = "response";
+    const KINDS: u32 = 21;
+}
+
 impl Request {
     /// The variant's name, for logs and error messages.
     pub fn name(&self) -> &'static str {

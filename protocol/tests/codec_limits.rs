@@ -8,8 +8,9 @@ use proptest::prelude::*;
 use serde::Serialize;
 use tether_protocol::codec::{encode_frame, peek_hello_version};
 use tether_protocol::{
-    validate_name, Append, Capabilities, ClientCodec, DurableAck, Error, FrameKind, Hello, Request,
-    Response, ServerCodec, Subscribed, DEFAULT_MAX_FRAME_LEN, MAX_NAME_LEN, PROTOCOL_VERSION,
+    validate_name, Append, Capabilities, ClientCodec, DurableAck, Error, FrameKind, Hello, Message,
+    Request, Response, ServerCodec, Subscribed, DEFAULT_MAX_FRAME_LEN, MAX_NAME_LEN,
+    PROTOCOL_VERSION,
 };
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -265,7 +266,8 @@ fn an_invalid_bool_is_malformed() {
 /// may see half a frame).
 #[test]
 fn a_malformed_frame_is_consumed_whole() {
-    let mut src = frame_of(&[200, 1, 2, 3]);
+    // DurableResume with an invalid bool (see above).
+    let mut src = frame_of(&[0x03, 0x01, b's', 0x00, 0x02, 0x00]);
     let next = encode_frame(&Request::Status).unwrap();
     src.extend_from_slice(&next);
     assert_malformed(ServerCodec::new().decode(&mut src));
@@ -290,6 +292,25 @@ fn trailing_bytes_in_a_frame_are_refused_and_do_not_leak_into_the_next_frame() {
     );
     assert_eq!(codec.decode(&mut src).unwrap(), Some(hello()));
     assert!(src.is_empty());
+}
+
+/// A message type past the last one this build knows comes from a newer
+/// peer: the error says so instead of "malformed".
+#[test]
+fn an_unknown_message_type_is_named_as_one_from_a_newer_peer() {
+    let mut src = frame_of(&[Request::KINDS as u8, 0, 0]);
+    let err = ServerCodec::new().decode(&mut src).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "unknown request type {}: this build knows types 0 to {}; the peer is newer than this build",
+            Request::KINDS,
+            Request::KINDS - 1
+        )
+    );
+    // The last known type with a body cut short is malformed, not unknown.
+    let mut src = frame_of(&[Request::KINDS as u8 - 1]);
+    assert_malformed(ServerCodec::new().decode(&mut src));
 }
 
 #[test]

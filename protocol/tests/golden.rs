@@ -23,8 +23,8 @@ use bytes::{Bytes, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 use tether_protocol::{
     Append, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck, DurableResume,
-    ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Request, Response, ServerCodec,
-    StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed, PROTOCOL_VERSION,
+    ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Message, Request, Response,
+    ServerCodec, StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed, PROTOCOL_VERSION,
 };
 use tether_protocol::{Checkpoint, CheckpointMeta, CheckpointSave};
 use tether_protocol::{
@@ -547,6 +547,31 @@ fn every_response_variant_has_a_fixture() {
         .map(|(msg, _)| response_variant(msg))
         .collect();
     assert_eq!(covered, BTreeSet::from(ALL_RESPONSE_VARIANTS));
+}
+
+/// The variant indexes the fixtures use are exactly `0..KINDS`: a variant
+/// appended without raising [`Message::KINDS`] would be refused by its own
+/// build as a message from a newer one.
+fn variant_indexes_are_0_to_kinds<T: Message + Serialize>(fixtures: Vec<(T, &'static str)>) {
+    let indexes: BTreeSet<u32> = fixtures
+        .iter()
+        .map(|(msg, _)| {
+            let body = postcard::to_allocvec(msg).unwrap();
+            postcard::take_from_bytes::<u32>(&body).unwrap().0
+        })
+        .collect();
+    assert_eq!(
+        indexes,
+        (0..T::KINDS).collect::<BTreeSet<u32>>(),
+        "{}",
+        T::NAME
+    );
+}
+
+#[test]
+fn message_kinds_match_the_variants() {
+    variant_indexes_are_0_to_kinds(request_fixtures());
+    variant_indexes_are_0_to_kinds(response_fixtures());
 }
 
 #[test]
