@@ -167,7 +167,7 @@ pub fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         let done = |result: Result<()>| result.map(|()| EXIT_OK);
         match cli.command {
-            Command::Publish(args) => done(publish::run(&context, args).await),
+            Command::Publish(args) => publish::run(&context, args).await,
             Command::Tail(args) => done(tail::run(&context, args).await),
             Command::Streams => done(streams::run(&context).await),
             Command::Status => done(status::run(&context).await),

@@ -13,6 +13,7 @@
 //! [`super::lines`]) while the async side pipelines them to the daemon.
 
 use clap::Args;
+use tether::error::EXIT_OK;
 use tether::ssh::shell_quote;
 use tether::{Error, Publisher, PublisherOptions, Result};
 use tokio::sync::mpsc;
@@ -35,8 +36,8 @@ pub struct PublishArgs {
     producer: Option<String>,
 }
 
-/// Runs `tether publish`.
-pub async fn run(ctx: &Context, args: PublishArgs) -> Result<()> {
+/// Runs `tether publish`; the exit code.
+pub async fn run(ctx: &Context, args: PublishArgs) -> Result<u8> {
     let producer = args.producer.unwrap_or_else(default_producer);
     let mut publisher = Publisher::new(
         ctx.connector("publish"),
@@ -44,18 +45,22 @@ pub async fn run(ctx: &Context, args: PublishArgs) -> Result<()> {
         producer,
         PublisherOptions::default(),
     )?;
-    let outcome = publish_stdin(&mut publisher).await;
-    if let Err(Error::GaveUp { .. }) = outcome {
-        // The daemon kept refusing (a full disk) until the retry window ran
-        // out. Before the error itself is printed, say where the run
-        // stopped and how to finish it, since a re-run must reuse the
-        // producer name, which may have been generated.
-        eprintln!(
-            "tether: {}",
-            what_was_stored(publisher.acked_through(), publisher.producer())
-        );
+    match publish_stdin(&mut publisher).await {
+        Ok(()) => Ok(EXIT_OK),
+        // The daemon kept refusing (a full disk) until the retry window
+        // ran out. After the error, say where the run stopped and how to
+        // finish it: a re-run must reuse the producer name, which may have
+        // been generated.
+        Err(e @ Error::GaveUp { .. }) => {
+            eprintln!("tether: {e}");
+            eprintln!(
+                "tether: {}",
+                what_was_stored(publisher.acked_through(), publisher.producer())
+            );
+            Ok(e.exit_code())
+        }
+        Err(e) => Err(e),
     }
-    outcome
 }
 
 /// Publishes every stdin line, the line number as its producer seq, and

@@ -152,7 +152,7 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
     let gave_up = format!("tether: gave up after 2s: {DISK_FULL}\n");
     assert_eq!(
         out.stderr,
-        format!("{retrying}{stored}{gave_up}"),
+        format!("{retrying}{gave_up}{stored}"),
         "stderr of `tether publish` on a full disk"
     );
     assert!(
@@ -178,7 +178,7 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
     );
     assert_eq!(
         out.stderr,
-        format!("{retrying}{stored}{gave_up}"),
+        format!("{retrying}{gave_up}{stored}"),
         "stderr of `tether publish` without --producer on a full disk"
     );
 
