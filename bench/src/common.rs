@@ -5,7 +5,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use tether_protocol::{Append, Capabilities, FrameKind, Request, Response, StartAt, Subscribe};
+use futures_util::SinkExt;
+use tether_protocol::{
+    Append, Capabilities, DurableAck, FrameKind, Request, Response, StartAt, Subscribe,
+};
 
 use tether_bench::{connect, next, BoxError, Conn};
 
@@ -88,8 +91,14 @@ pub async fn subscribe(
 }
 
 /// Receives `frames` live frames in seq order; returns each one's latency
-/// from its send time (on `clock`) in ns.
-pub async fn receive(conn: &mut Conn, frames: u64, clock: Instant) -> Result<Vec<u64>, BoxError> {
+/// from its send time (on `clock`) in ns. With `ack_every`, acks the frames
+/// received every that many (a durable consumer).
+pub async fn receive(
+    conn: &mut Conn,
+    frames: u64,
+    clock: Instant,
+    ack_every: Option<u64>,
+) -> Result<Vec<u64>, BoxError> {
     let mut latencies = Vec::with_capacity(frames as usize);
     let mut last_seq = 0u64;
     while (latencies.len() as u64) < frames {
@@ -99,7 +108,12 @@ pub async fn receive(conn: &mut Conn, frames: u64, clock: Instant) -> Result<Vec
                 latencies.push(now.saturating_sub(sent_at(&d.frame.payload)));
                 check_order(last_seq, d.seq)?;
                 last_seq = d.seq;
+                if ack_every.is_some_and(|every| (latencies.len() as u64).is_multiple_of(every)) {
+                    conn.send(Request::DurableAck(DurableAck { through_seq: d.seq }))
+                        .await?;
+                }
             }
+            Response::Acked(_) if ack_every.is_some() => {}
             other => return Err(format!("follower got {other:?}").into()),
         }
     }

@@ -31,7 +31,8 @@ pub async fn run(
     create_stream(&mut producer, STREAM, args.size, &clock).await?;
     let mut follower = open(&socket).await?;
     subscribe(&mut follower, STREAM, StartAt::Now, true, None).await?;
-    let follower_task = tokio::spawn(async move { receive(&mut follower, frames, clock).await });
+    let follower_task =
+        tokio::spawn(async move { receive(&mut follower, frames, clock, None).await });
 
     let progress = Progress::start(label, frames);
     let mut acks = Vec::with_capacity(frames as usize);

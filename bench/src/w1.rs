@@ -5,12 +5,12 @@ use std::path::Path;
 use std::time::Instant;
 
 use futures_util::SinkExt;
-use tether_protocol::{DurableAck, DurableResume, Request, Response, StartAt};
+use tether_protocol::{DurableResume, Request, Response, StartAt};
 
-use tether_bench::{next, BoxError, Conn, Daemon};
+use tether_bench::{next, BoxError, Daemon};
 
-use crate::common::{append_request, check_order, create_stream, open, payload, peak_rss_mib};
-use crate::common::{sent_at, subscribe};
+use crate::common::{append_request, create_stream, open, payload, peak_rss_mib};
+use crate::common::{receive, subscribe};
 use crate::progress::Progress;
 use crate::report::{percentiles_ms, Row};
 use crate::Args;
@@ -46,7 +46,7 @@ pub async fn run(
     subscribe(&mut follower, STREAM, StartAt::Now, true, Some("follower")).await?;
     let ack_every = args.ack_every.max(1);
     let follower_task =
-        tokio::spawn(async move { follow(&mut follower, frames, ack_every, clock).await });
+        tokio::spawn(async move { receive(&mut follower, frames, clock, Some(ack_every)).await });
 
     let progress = Progress::start(label, frames);
     let start = Instant::now();
@@ -114,32 +114,4 @@ async fn replay(socket: &Path, frames: u64) -> Result<f64, BoxError> {
         return Err(format!("replay returned {replayed} frames, expected {frames}").into());
     }
     Ok(frames as f64 / elapsed.as_secs_f64())
-}
-
-/// Receives `frames` frames, acking every `ack_every`; returns latencies in ns.
-async fn follow(
-    conn: &mut Conn,
-    frames: u64,
-    ack_every: u64,
-    clock: Instant,
-) -> Result<Vec<u64>, BoxError> {
-    let mut latencies = Vec::with_capacity(frames as usize);
-    let mut last_seq = 0u64;
-    while (latencies.len() as u64) < frames {
-        match next(conn).await? {
-            Response::Durable(d) => {
-                let now = clock.elapsed().as_nanos() as u64;
-                latencies.push(now.saturating_sub(sent_at(&d.frame.payload)));
-                check_order(last_seq, d.seq)?;
-                last_seq = d.seq;
-                if (latencies.len() as u64).is_multiple_of(ack_every) {
-                    conn.send(Request::DurableAck(DurableAck { through_seq: d.seq }))
-                        .await?;
-                }
-            }
-            Response::Acked(_) => {}
-            other => return Err(format!("follower got {other:?}").into()),
-        }
-    }
-    Ok(latencies)
 }

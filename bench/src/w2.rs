@@ -48,7 +48,7 @@ pub async fn run(
     let start = Instant::now();
     let follower_tasks: Vec<_> = followers
         .into_iter()
-        .map(|mut f| tokio::spawn(async move { receive(&mut f, frames, clock).await }))
+        .map(|mut f| tokio::spawn(async move { receive(&mut f, frames, clock, None).await }))
         .collect();
     let producer_tasks: Vec<_> = producers
         .into_iter()
