@@ -61,8 +61,8 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use bytes::Bytes;
 use redb::{
-    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition,
-    WriteTransaction,
+    Database, Durability, Key, ReadTransaction, ReadableDatabase, ReadableTable, Table,
+    TableDefinition, Value, WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
 use tether_protocol::{ConsumerInfo, Frame, FrameKind, StreamInfo};
@@ -355,6 +355,21 @@ impl Store {
         })
     }
 
+    /// Shows `each` every row of `table`, in key order, until it fails.
+    fn each_row<K: Key + 'static, V: Value + 'static>(
+        &self,
+        txn: &ReadTransaction,
+        table: TableDefinition<'_, K, V>,
+        mut each: impl for<'a> FnMut(K::SelfType<'a>, V::SelfType<'a>) -> Result<()>,
+    ) -> Result<()> {
+        let table = txn.open_table(table).map_err(|e| self.fail(e))?;
+        for item in table.iter().map_err(|e| self.fail(e))? {
+            let (key, value) = item.map_err(|e| self.fail(e))?;
+            each(key.value(), value.value())?;
+        }
+        Ok(())
+    }
+
     /// [`Error::ExecutionNotFound`] unless `execution` is recorded.
     fn require_execution(&self, txn: &ReadTransaction, execution: &str) -> Result<()> {
         let known = txn
@@ -385,45 +400,29 @@ impl Store {
                 .map_or(1, |v| v.value()),
             ..Snapshot::default()
         };
-        for item in txn
-            .open_table(STREAMS)
-            .map_err(|e| self.fail(e))?
-            .iter()
-            .map_err(|e| self.fail(e))?
-        {
-            let (name, value) = item.map_err(|e| self.fail(e))?;
-            snapshot.streams.push((
-                name.value().to_owned(),
-                decode_meta(name.value(), value.value())?,
-            ));
-        }
-        for item in txn
-            .open_table(PRODUCERS)
-            .map_err(|e| self.fail(e))?
-            .iter()
-            .map_err(|e| self.fail(e))?
-        {
-            let (key, value) = item.map_err(|e| self.fail(e))?;
-            let (stream_id, producer) = key.value();
-            let (producer_seq, seq) = value.value();
-            snapshot.producers.push((
-                stream_id,
-                producer.to_owned(),
-                ProducerState { producer_seq, seq },
-            ));
-        }
-        for item in txn
-            .open_table(CONSUMERS)
-            .map_err(|e| self.fail(e))?
-            .iter()
-            .map_err(|e| self.fail(e))?
-        {
-            let (key, value) = item.map_err(|e| self.fail(e))?;
-            let (stream_id, consumer) = key.value();
+        self.each_row(txn, STREAMS, |name, value| {
+            snapshot
+                .streams
+                .push((name.to_owned(), decode_meta(name, value)?));
+            Ok(())
+        })?;
+        self.each_row(
+            txn,
+            PRODUCERS,
+            |(stream_id, producer), (producer_seq, seq)| {
+                let state = ProducerState { producer_seq, seq };
+                snapshot
+                    .producers
+                    .push((stream_id, producer.to_owned(), state));
+                Ok(())
+            },
+        )?;
+        self.each_row(txn, CONSUMERS, |(stream_id, consumer), acked| {
             snapshot
                 .consumers
-                .push((stream_id, consumer.to_owned(), value.value()));
-        }
+                .push((stream_id, consumer.to_owned(), acked));
+            Ok(())
+        })?;
         Ok(snapshot)
     }
 
@@ -531,15 +530,10 @@ impl Store {
 
     fn load_executions_in(&self, txn: &ReadTransaction) -> Result<Vec<(String, Vec<u8>)>> {
         let mut out = Vec::new();
-        for item in txn
-            .open_table(EXECUTIONS)
-            .map_err(|e| self.fail(e))?
-            .iter()
-            .map_err(|e| self.fail(e))?
-        {
-            let (id, value) = item.map_err(|e| self.fail(e))?;
-            out.push((id.value().to_owned(), value.value().to_vec()));
-        }
+        self.each_row(txn, EXECUTIONS, |id, manifest| {
+            out.push((id.to_owned(), manifest.to_vec()));
+            Ok(())
+        })?;
         Ok(out)
     }
 
@@ -599,14 +593,7 @@ impl Store {
         self.read_in(|txn| {
             let checkpoints = txn.open_table(CHECKPOINTS).map_err(|e| self.fail(e))?;
             let mut out = Vec::new();
-            for item in txn
-                .open_table(EXECUTIONS)
-                .map_err(|e| self.fail(e))?
-                .iter()
-                .map_err(|e| self.fail(e))?
-            {
-                let (id, _) = item.map_err(|e| self.fail(e))?;
-                let execution = id.value();
+            self.each_row(txn, EXECUTIONS, |execution, _| {
                 let mut found = None;
                 scan_newest_first(&checkpoints, execution, |cid, record| {
                     found = pick(execution, cid, record);
@@ -616,7 +603,8 @@ impl Store {
                 if let Some(value) = found {
                     out.push((execution.to_owned(), value));
                 }
-            }
+                Ok(())
+            })?;
             Ok(out)
         })
     }
@@ -643,16 +631,10 @@ impl Store {
     fn list_streams_in(&self, txn: &ReadTransaction) -> Result<Vec<StreamInfo>> {
         let consumers = txn.open_table(CONSUMERS).map_err(|e| self.fail(e))?;
         let mut out = Vec::new();
-        for item in txn
-            .open_table(STREAMS)
-            .map_err(|e| self.fail(e))?
-            .iter()
-            .map_err(|e| self.fail(e))?
-        {
-            let (name, value) = item.map_err(|e| self.fail(e))?;
-            let meta = decode_meta(name.value(), value.value())?;
+        self.each_row(txn, STREAMS, |name, value| {
+            let meta = decode_meta(name, value)?;
             let mut info = StreamInfo {
-                name: name.value().to_owned(),
+                name: name.to_owned(),
                 first_seq: meta.first_seq,
                 last_seq: meta.last_seq,
                 frames: meta.frames,
@@ -670,7 +652,8 @@ impl Store {
                 });
             }
             out.push(info);
-        }
+            Ok(())
+        })?;
         Ok(out)
     }
 }
