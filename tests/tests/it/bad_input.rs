@@ -35,6 +35,15 @@ fn assert_refused_then_others_served(sb: &Sandbox, conn: &mut RawConn, error: &E
     assert_eq!(out.stdout, lines(1..=STORED));
 }
 
+/// The connection gets an error frame with `code` whose message mentions
+/// every one of `words`, and then the daemon serves others as before.
+fn assert_refused(sb: &Sandbox, conn: &mut RawConn, code: ErrorCode, words: &[&str]) {
+    let error = conn.expect_error();
+    assert_eq!(error.code, code, "{error:?}");
+    assert_mentions(&error, words);
+    assert_refused_then_others_served(sb, conn, &error);
+}
+
 fn assert_mentions(error: &ErrorFrame, words: &[&str]) {
     for word in words {
         assert!(
@@ -51,10 +60,12 @@ fn oversized_length_prefix_is_refused_as_frame_too_large() {
     let mut conn = RawConn::open(&sb.socket());
     conn.send_bytes(&u32::MAX.to_be_bytes()).unwrap();
 
-    let error = conn.expect_error();
-    assert_eq!(error.code, ErrorCode::FRAME_TOO_LARGE, "{error:?}");
-    assert_mentions(&error, &["4294967295", "exceeds the maximum"]);
-    assert_refused_then_others_served(&sb, &mut conn, &error);
+    assert_refused(
+        &sb,
+        &mut conn,
+        ErrorCode::FRAME_TOO_LARGE,
+        &["4294967295", "exceeds the maximum"],
+    );
 }
 
 #[test]
@@ -84,10 +95,7 @@ fn truncated_frame_is_refused_as_malformed() {
     conn.send_bytes(&[0u8; 10]).unwrap();
     conn.shutdown_write().unwrap();
 
-    let error = conn.expect_error();
-    assert_eq!(error.code, ErrorCode::MALFORMED, "{error:?}");
-    assert_mentions(&error, &["truncated"]);
-    assert_refused_then_others_served(&sb, &mut conn, &error);
+    assert_refused(&sb, &mut conn, ErrorCode::MALFORMED, &["truncated"]);
 }
 
 #[test]
@@ -101,10 +109,7 @@ fn unknown_protocol_version_is_refused_naming_it() {
     }))
     .unwrap();
 
-    let error = conn.expect_error();
-    assert_eq!(error.code, ErrorCode::UNSUPPORTED_VERSION, "{error:?}");
-    assert_mentions(&error, &["99"]);
-    assert_refused_then_others_served(&sb, &mut conn, &error);
+    assert_refused(&sb, &mut conn, ErrorCode::UNSUPPORTED_VERSION, &["99"]);
 }
 
 #[test]
@@ -113,9 +118,7 @@ fn request_before_hello_is_refused() {
     let mut conn = RawConn::open(&sb.socket());
     conn.send(&Request::Status).unwrap();
 
-    let error = conn.expect_error();
-    assert_eq!(error.code, ErrorCode::HELLO_REQUIRED, "{error:?}");
-    assert_refused_then_others_served(&sb, &mut conn, &error);
+    assert_refused(&sb, &mut conn, ErrorCode::HELLO_REQUIRED, &[]);
 }
 
 #[test]
@@ -130,9 +133,7 @@ fn second_hello_is_refused() {
     }))
     .unwrap();
 
-    let error = conn.expect_error();
-    assert_eq!(error.code, ErrorCode::HELLO_REQUIRED, "{error:?}");
-    assert_refused_then_others_served(&sb, &mut conn, &error);
+    assert_refused(&sb, &mut conn, ErrorCode::HELLO_REQUIRED, &[]);
 }
 
 #[test]
@@ -148,10 +149,7 @@ fn resume_beyond_the_last_seq_is_refused() {
     }))
     .unwrap();
 
-    let error = conn.expect_error();
-    assert_eq!(error.code, ErrorCode::INVALID_REQUEST, "{error:?}");
-    assert_mentions(&error, &["beyond"]);
-    assert_refused_then_others_served(&sb, &mut conn, &error);
+    assert_refused(&sb, &mut conn, ErrorCode::INVALID_REQUEST, &["beyond"]);
 }
 
 #[test]
@@ -169,10 +167,7 @@ fn ack_beyond_the_last_seq_is_refused() {
     conn.send(&Request::DurableAck(DurableAck { through_seq: 1000 }))
         .unwrap();
 
-    let error = conn.expect_error();
-    assert_eq!(error.code, ErrorCode::INVALID_REQUEST, "{error:?}");
-    assert_mentions(&error, &["beyond"]);
-    assert_refused_then_others_served(&sb, &mut conn, &error);
+    assert_refused(&sb, &mut conn, ErrorCode::INVALID_REQUEST, &["beyond"]);
 }
 
 #[test]
@@ -189,9 +184,7 @@ fn invalid_stream_name_is_refused_and_nothing_is_stored() {
     }))
     .unwrap();
 
-    let error = conn.expect_error();
-    assert_eq!(error.code, ErrorCode::INVALID_REQUEST, "{error:?}");
-    assert_refused_then_others_served(&sb, &mut conn, &error);
+    assert_refused(&sb, &mut conn, ErrorCode::INVALID_REQUEST, &[]);
     let names: Vec<String> = tether_tests::raw::list_streams(&sb.socket())
         .unwrap()
         .into_iter()
