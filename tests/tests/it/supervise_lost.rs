@@ -30,9 +30,18 @@ fn shim_of(worker: u32) -> u32 {
     shim
 }
 
-#[test]
-fn after_kill_9_of_a_shim_the_execution_is_lost_and_restarted_per_policy() {
-    let sup = Supervised::start();
+/// Two running executions of the same sleeper, one restarted on failure
+/// (the default) and one never, with their workers' and shims' pids.
+struct Pair {
+    again: String,
+    never: String,
+    again_worker: u32,
+    never_worker: u32,
+    again_shim: u32,
+    never_shim: u32,
+}
+
+fn start_pair(sup: &Supervised) -> Pair {
     let dir = sup.sb().path().to_str().unwrap().to_owned();
     let again = sup.run(&["--cwd", &dir, "--", "sh", "-c", &sleeper("again.pids")]);
     let never = sup.run(&[
@@ -49,6 +58,27 @@ fn after_kill_9_of_a_shim_the_execution_is_lost_and_restarted_per_policy() {
     let never_worker = sup.wait_running(&never, TIMEOUT);
     let again_shim = shim_of(again_worker);
     let never_shim = shim_of(never_worker);
+    Pair {
+        again,
+        never,
+        again_worker,
+        never_worker,
+        again_shim,
+        never_shim,
+    }
+}
+
+#[test]
+fn after_kill_9_of_a_shim_the_execution_is_lost_and_restarted_per_policy() {
+    let sup = Supervised::start();
+    let Pair {
+        again,
+        never,
+        again_worker,
+        never_worker,
+        again_shim,
+        never_shim,
+    } = start_pair(&sup);
 
     procs::kill9(again_shim).unwrap();
     procs::kill9(never_shim).unwrap();
@@ -129,22 +159,14 @@ fn a_dead_shim_or_its_reused_pid_is_found_lost_when_the_daemon_starts() {
     // Orphaned shims and workers come to this process, which can then
     // reap them so that their pids are free to be reused.
     let subreaper = procs::become_subreaper().is_ok();
-    let dir = sup.sb().path().to_str().unwrap().to_owned();
-    let again = sup.run(&["--cwd", &dir, "--", "sh", "-c", &sleeper("again.pids")]);
-    let never = sup.run(&[
-        "--cwd",
-        &dir,
-        "--restart",
-        "never",
-        "--",
-        "sh",
-        "-c",
-        &sleeper("never.pids"),
-    ]);
-    let again_worker = sup.wait_running(&again, TIMEOUT);
-    let never_worker = sup.wait_running(&never, TIMEOUT);
-    let again_shim = shim_of(again_worker);
-    let never_shim = shim_of(never_worker);
+    let Pair {
+        again,
+        never,
+        again_worker,
+        never_worker,
+        again_shim,
+        never_shim,
+    } = start_pair(&sup);
 
     sup.daemon().kill9();
     for pid in [again_shim, never_shim, again_worker, never_worker] {
