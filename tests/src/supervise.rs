@@ -85,6 +85,16 @@ impl Supervised {
             .to_owned()
     }
 
+    /// `tether run --json --cwd SANDBOX OPTIONS... -- sh -c SCRIPT`: a shell
+    /// worker working in the sandbox; asserts exit 0 and returns the id.
+    pub fn run_sh(&self, options: &[&str], script: &str) -> String {
+        let dir = self.sandbox.path().display().to_string();
+        let mut args = vec!["--cwd", dir.as_str()];
+        args.extend_from_slice(options);
+        args.extend_from_slice(&["--", "sh", "-c", script]);
+        self.run(&args)
+    }
+
     /// `tether ps --json ID`, parsed.
     pub fn info(&self, id: &str) -> Value {
         let out = self.sandbox.run(&["ps", "--json", id]);

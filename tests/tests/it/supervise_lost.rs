@@ -42,18 +42,8 @@ struct Pair {
 }
 
 fn start_pair(sup: &Supervised) -> Pair {
-    let dir = sup.sb().path().to_str().unwrap().to_owned();
-    let again = sup.run(&["--cwd", &dir, "--", "sh", "-c", &sleeper("again.pids")]);
-    let never = sup.run(&[
-        "--cwd",
-        &dir,
-        "--restart",
-        "never",
-        "--",
-        "sh",
-        "-c",
-        &sleeper("never.pids"),
-    ]);
+    let again = sup.run_sh(&[], &sleeper("again.pids"));
+    let never = sup.run_sh(&["--restart", "never"], &sleeper("never.pids"));
     let again_worker = sup.wait_running(&again, TIMEOUT);
     let never_worker = sup.wait_running(&never, TIMEOUT);
     let again_shim = shim_of(again_worker);

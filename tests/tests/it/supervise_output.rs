@@ -13,18 +13,12 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 fn the_worker_sees_its_execution_id_socket_env_and_cwd() {
     let sup = Supervised::start();
     let dir = sup.sb().path().to_str().unwrap().to_owned();
-    let id = sup.run(&[
-        "--cwd",
-        &dir,
-        "--env",
-        "GREETING=hello there",
-        "--",
-        "sh",
-        "-c",
+    let id = sup.run_sh(
+        &["--env", "GREETING=hello there"],
         "echo \"id=$TETHER_EXECUTION_ID\"; echo \"socket=$TETHER_SOCKET\"; \
          echo \"resumed=${TETHER_RESUMED:-unset}\"; echo \"greeting=$GREETING\"; \
          echo \"cwd=$(pwd)\"; echo oops >&2",
-    ]);
+    );
     sup.wait_state(&id, "completed", TIMEOUT);
 
     let frames = sup.frames(&id);

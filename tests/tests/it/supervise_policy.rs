@@ -28,9 +28,8 @@ fn counting_worker(fail_code: i32, succeed_at: u32) -> String {
 #[test]
 fn a_worker_failing_twice_is_restarted_with_backoff_and_completes() {
     let sup = Supervised::start();
-    let dir = sup.sb().path().to_str().unwrap().to_owned();
     let script = counting_worker(1, 3);
-    let id = sup.run(&["--cwd", &dir, "--", "sh", "-c", &script]);
+    let id = sup.run_sh(&[], &script);
 
     let info = sup.wait_state(&id, "completed", TIMEOUT);
     assert_eq!(
@@ -152,9 +151,8 @@ fn no_attempt_starts_after_the_deadline() {
 #[test]
 fn exit_75_is_retried_at_once() {
     let sup = Supervised::start();
-    let dir = sup.sb().path().to_str().unwrap().to_owned();
     let script = counting_worker(75, 3);
-    let id = sup.run(&["--cwd", &dir, "--", "sh", "-c", &script]);
+    let id = sup.run_sh(&[], &script);
 
     let info = sup.wait_state(&id, "completed", TIMEOUT);
     assert_eq!(

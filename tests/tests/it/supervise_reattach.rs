@@ -32,7 +32,6 @@ fn numbered(n: u64) -> String {
 fn a_worker_keeps_running_through_three_daemon_crashes_and_no_line_is_lost_or_repeated() {
     let mut sup = Supervised::start();
     let socket = sup.sb().socket();
-    let dir = sup.sb().path().to_str().unwrap().to_owned();
     // The pid file is appended to: a second start of the worker would
     // leave a second line.
     let script = format!(
@@ -41,9 +40,7 @@ fn a_worker_keeps_running_through_three_daemon_crashes_and_no_line_is_lost_or_re
          if [ $((i % {BURST})) -eq 0 ]; then sleep {PAUSE}; fi; \
          i=$((i + 1)); done"
     );
-    let id = sup.run(&[
-        "--name", "numbers", "--cwd", &dir, "--", "sh", "-c", &script,
-    ]);
+    let id = sup.run_sh(&["--name", "numbers"], &script);
     let pid = sup.wait_running(&id, STEP_TIMEOUT);
 
     for (k, target) in KILL_AT.iter().enumerate() {
@@ -142,12 +139,11 @@ const DOWN_LONG: Duration = Duration::from_secs(5);
 #[test]
 fn with_the_daemon_down_a_fast_worker_blocks_and_loses_nothing() {
     let mut sup = Supervised::start();
-    let dir = sup.sb().path().to_str().unwrap().to_owned();
     // `seq` writes at full speed once `go` exists; `done` marks the end.
     let script = format!(
         "echo ready; while [ ! -e go ]; do sleep 0.05; done; seq -w 1 {FAST_LINES}; touch done"
     );
-    let id = sup.run(&["--cwd", &dir, "--", "sh", "-c", &script]);
+    let id = sup.run_sh(&[], &script);
     let pid = sup.wait_running(&id, STEP_TIMEOUT);
     sup.wait_line(&id, "ready", STEP_TIMEOUT);
 
