@@ -7,6 +7,8 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+mod fake_daemon;
+
 fn tether(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tether"))
         .args(args)
@@ -124,12 +126,10 @@ mod with_a_fake_daemon {
     use bytes::Bytes;
     use futures_util::{SinkExt, StreamExt};
     use tether_protocol::{
-        Capabilities, Durable, ErrorCode, ErrorFrame, ExecState, ExecutionInfo, ExitStatus, Frame,
-        FrameKind, HelloOk, Request, Response, RestartPolicy, RunSpec, ServerCodec, Subscribed,
-        PROTOCOL_VERSION,
+        Durable, ErrorCode, ErrorFrame, ExecState, ExecutionInfo, ExitStatus, Frame, FrameKind,
+        Request, Response, RestartPolicy, RunSpec, Subscribed,
     };
     use tokio::net::{UnixListener, UnixStream};
-    use tokio_util::codec::Framed;
 
     const ID: &str = "job-abcdef";
 
@@ -220,18 +220,9 @@ mod with_a_fake_daemon {
     }
 
     async fn serve(stream: UnixStream, state: Shared) {
-        let mut session = Framed::new(stream, ServerCodec::new());
-        let Some(Ok(Request::Hello(_))) = session.next().await else {
+        let Some(mut session) = crate::fake_daemon::greet(stream).await else {
             return;
         };
-        let ok = Response::HelloOk(HelloOk {
-            version: PROTOCOL_VERSION,
-            capabilities: Capabilities::DURABLE,
-            daemon: "fake".into(),
-        });
-        if session.send(ok).await.is_err() {
-            return;
-        }
         while let Some(Ok(request)) = session.next().await {
             let answers = answer(&state, request);
             for response in answers {

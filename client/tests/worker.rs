@@ -17,11 +17,11 @@ use serde::{Deserialize, Serialize};
 use tether::worker::Error;
 use tether::{CheckpointTrigger, ConnectOptions, Connector, Endpoint, Worker};
 use tether_protocol::{
-    Appended, Capabilities, Checkpoint, CheckpointMeta, ErrorCode, ErrorFrame, FrameKind, HelloOk,
-    Request, Response, ServerCodec, PROTOCOL_VERSION,
+    Appended, Checkpoint, CheckpointMeta, ErrorCode, ErrorFrame, FrameKind, Request, Response,
 };
 use tokio::net::{UnixListener, UnixStream};
-use tokio_util::codec::Framed;
+
+mod fake_daemon;
 
 const EXECUTION: &str = "agent-abc123";
 
@@ -106,18 +106,9 @@ fn meta(id: u64, schema_version: u32, size: usize) -> CheckpointMeta {
 }
 
 async fn serve(stream: UnixStream, state: Arc<Mutex<State>>, drop_next: Arc<AtomicUsize>) {
-    let mut session = Framed::new(stream, ServerCodec::new());
-    let Some(Ok(Request::Hello(_))) = session.next().await else {
+    let Some(mut session) = fake_daemon::greet(stream).await else {
         return;
     };
-    let ok = Response::HelloOk(HelloOk {
-        version: PROTOCOL_VERSION,
-        capabilities: Capabilities::DURABLE,
-        daemon: "fake".into(),
-    });
-    if session.send(ok).await.is_err() {
-        return;
-    }
     while let Some(Ok(request)) = session.next().await {
         let answer = answer(&state, request);
         let dropping = drop_next
