@@ -21,25 +21,25 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct Daemon(Child);
 
 impl Daemon {
-    /// Starts `tetherd` on `socket` with its state in `state_dir`, plus
-    /// `extra` arguments, logging only warnings.
+    /// Starts `tetherd` with its socket (`s.sock`, returned) and its state
+    /// (`state/`) in `dir`, plus `extra` arguments, logging only warnings.
     pub fn start(
         tetherd: &Path,
-        socket: &Path,
-        state_dir: &Path,
+        dir: &Path,
         extra: &[&std::ffi::OsStr],
-    ) -> Result<Daemon, BoxError> {
+    ) -> Result<(Daemon, PathBuf), BoxError> {
+        let socket = dir.join("s.sock");
         let child = Command::new(tetherd)
             .arg("--socket")
-            .arg(socket)
+            .arg(&socket)
             .arg("--state-dir")
-            .arg(state_dir)
+            .arg(dir.join("state"))
             .args(extra)
             .env("TETHER_LOG", "warn")
             .stdin(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", tetherd.display()))?;
-        Ok(Daemon(child))
+        Ok((Daemon(child), socket))
     }
 
     /// The daemon's pid.

@@ -24,8 +24,7 @@ pub async fn run(
     dir: &Path,
     label: String,
 ) -> Result<Row, BoxError> {
-    let socket = dir.join("s.sock");
-    let daemon = Daemon::start(tetherd, &socket, &dir.join("state"), &[])?;
+    let (daemon, socket) = Daemon::start(tetherd, dir, &[])?;
     let mut producer = open(&socket).await?;
     let clock = Instant::now();
     create_stream(&mut producer, STREAM, args.size, &clock).await?;

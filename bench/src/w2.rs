@@ -26,8 +26,7 @@ pub async fn run(
     dir: &Path,
     label: String,
 ) -> Result<Row, BoxError> {
-    let socket = dir.join("s.sock");
-    let daemon = Daemon::start(tetherd, &socket, &dir.join("state"), &[])?;
+    let (daemon, socket) = Daemon::start(tetherd, dir, &[])?;
     let clock = Instant::now();
     let streams = args.streams.max(1);
     // Every connection is open and every follower attached before the

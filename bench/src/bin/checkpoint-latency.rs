@@ -67,13 +67,7 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     let shim = dir.join("idle-shim");
     std::fs::write(&shim, IDLE_SHIM)?;
     std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))?;
-    let socket = dir.join("s.sock");
-    let _daemon = Daemon::start(
-        &tetherd,
-        &socket,
-        &dir.join("state"),
-        &["--shim".as_ref(), shim.as_os_str()],
-    )?;
+    let (_daemon, socket) = Daemon::start(&tetherd, dir, &["--shim".as_ref(), shim.as_os_str()])?;
     let mut conn = connect(
         &socket,
         Duration::from_secs(10),
