@@ -28,9 +28,9 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use tether_protocol::codec::{decode_wire_message, peek_hello_version};
 use tether_protocol::{
-    validate_appends, validate_name, Appended, Capabilities, Durable, DurableAck, DurableResume,
-    ErrorCode, ErrorFrame, Hello, HelloOk, Request, Response, ServerCodec, ShimHello, StartAt,
-    StatusInfo, Subscribe, Subscribed, WorkerExited, PROTOCOL_VERSION,
+    validate_name, Appended, Capabilities, Durable, DurableAck, DurableResume, ErrorCode,
+    ErrorFrame, Hello, HelloOk, Request, Response, ServerCodec, ShimHello, StartAt, StatusInfo,
+    Subscribe, Subscribed, WorkerExited, PROTOCOL_VERSION,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -344,7 +344,6 @@ impl Session {
     }
 
     async fn start_appends(&mut self, batch: Vec<tether_protocol::Append>) -> Result<(), Refusal> {
-        validate_appends(&batch)?;
         // Submitted here, in socket order; only the outcome is awaited in
         // the pipeline. See `Queue::submit_append`.
         let outcomes = self.shared.queue.submit_append(batch).await?;

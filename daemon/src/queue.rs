@@ -193,7 +193,7 @@ impl Queue {
         if appends.is_empty() {
             return Ok(Vec::new());
         }
-        self.call(Request::Append(appends), Reply::Append).await
+        self.submit_append(appends).await?.await
     }
 
     /// Writes an execution's encoded manifest and appends `events` (kind
@@ -493,6 +493,9 @@ impl Queue {
         appends: Vec<Append>,
     ) -> Result<impl std::future::Future<Output = Result<Vec<AppendOutcome>>> + Send + 'static>
     {
+        // Checked on the caller's task, not on the writer thread, which
+        // every commit waits for.
+        validate_appends(&appends)?;
         self.submit(Request::Append(appends), Reply::Append).await
     }
 }
@@ -1137,9 +1140,6 @@ impl Writer {
         ts: u64,
         staged: &mut Staged,
     ) -> Result<Result<Outcome>> {
-        if let Err(e) = validate_appends(&appends) {
-            return Ok(Err(e.into()));
-        }
         if let Err(e) = self.check_resumed(&appends) {
             return Ok(Err(e));
         }
