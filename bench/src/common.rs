@@ -1,5 +1,5 @@
 //! Pieces every workload uses: payloads that carry their send time,
-//! appends, subscribing, and the daemon's peak memory.
+//! appends, subscribing, and the daemon's peak memory and CPU time.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -137,4 +137,52 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
             line.split_whitespace().nth(1)?.parse::<u64>().ok()
         });
     kib.unwrap_or(0) as f64 / 1024.0
+}
+
+/// CPU time (user + system, all threads, living or exited) a process has
+/// used, in seconds; `None` when `/proc` cannot tell.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold
+    // spaces: state is field 3, utime 14 and stime 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // In clock ticks of USER_HZ, which is 100 on Linux whatever the kernel's
+    // own tick rate.
+    Some((utime + stime) as f64 / 100.0)
+}
+
+/// CPU time the daemon and this process spend over a timed phase, per
+/// frame: a figure that, unlike rates, barely moves when other work shares
+/// the machine.
+pub struct CpuMeter {
+    daemon_pid: u32,
+    daemon_start: Option<f64>,
+    bench_start: Option<f64>,
+}
+
+impl CpuMeter {
+    /// Starts measuring the daemon `daemon_pid` and this process.
+    pub fn start(daemon_pid: u32) -> Self {
+        Self {
+            daemon_pid,
+            daemon_start: cpu_seconds(daemon_pid),
+            bench_start: cpu_seconds(std::process::id()),
+        }
+    }
+
+    /// Microseconds of CPU per frame since the start: (daemon, bench);
+    /// 0 when unknown.
+    pub fn per_frame_us(&self, frames: u64) -> (f64, f64) {
+        let per_frame = |start: Option<f64>, pid: u32| match (start, cpu_seconds(pid)) {
+            (Some(a), Some(b)) if frames > 0 => (b - a) * 1e6 / frames as f64,
+            _ => 0.0,
+        };
+        (
+            per_frame(self.daemon_start, self.daemon_pid),
+            per_frame(self.bench_start, std::process::id()),
+        )
+    }
 }

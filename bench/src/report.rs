@@ -26,6 +26,11 @@ pub struct Row {
     pub completion_s: Option<(f64, f64)>,
     /// The daemon's peak resident set (VmHWM), in MiB.
     pub peak_rss_mib: f64,
+    /// CPU time per frame from the first timed append until the last frame
+    /// was acknowledged and received, in µs: the daemon's (all threads) and
+    /// the load generator's.
+    pub daemon_cpu_us: f64,
+    pub bench_cpu_us: f64,
 }
 
 impl Row {
@@ -40,7 +45,7 @@ impl Row {
 /// The table's header line.
 pub fn header() -> String {
     format!(
-        "{:<3} {:>4} {:>10} {:>9} {:>9} {:>9} {:>10} {:>11} {:>15} {:>10}",
+        "{:<3} {:>4} {:>10} {:>9} {:>9} {:>9} {:>10} {:>11} {:>15} {:>10} {:>11}",
         "wl",
         "run",
         "ingest/s",
@@ -50,7 +55,8 @@ pub fn header() -> String {
         "follow p99",
         "replay/s",
         "fair (min/max)",
-        "peak RSS"
+        "peak RSS",
+        "cpu µs/frm"
     )
 }
 
@@ -67,7 +73,7 @@ pub fn table_row(r: &Row) -> String {
         _ => "-".to_owned(),
     };
     format!(
-        "{:<3} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>10} {:>11} {:>15} {:>6.1} MiB",
+        "{:<3} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>10} {:>11} {:>15} {:>6.1} MiB {:>11.2}",
         r.workload,
         r.run,
         r.ingest_per_s,
@@ -77,7 +83,8 @@ pub fn table_row(r: &Row) -> String {
         follow,
         replay,
         fair,
-        r.peak_rss_mib
+        r.peak_rss_mib,
+        r.daemon_cpu_us
     )
 }
 
@@ -98,6 +105,8 @@ pub fn json_row(r: &Row, size: usize) -> String {
         "completion_max_s": r.completion_s.map(|c| c.1),
         "fairness": r.fairness(),
         "peak_rss_mib": r.peak_rss_mib,
+        "daemon_cpu_us_per_frame": r.daemon_cpu_us,
+        "bench_cpu_us_per_frame": r.bench_cpu_us,
     })
     .to_string()
 }
@@ -129,6 +138,8 @@ pub fn median(rows: &[Row]) -> Row {
         replay_per_s: some(|r| r.replay_per_s),
         completion_s: min.zip(max),
         peak_rss_mib: all(|r| r.peak_rss_mib),
+        daemon_cpu_us: all(|r| r.daemon_cpu_us),
+        bench_cpu_us: all(|r| r.bench_cpu_us),
     }
 }
 

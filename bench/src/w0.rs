@@ -8,7 +8,7 @@ use tether_protocol::{Response, StartAt};
 
 use tether_bench::{call, BoxError, Daemon};
 
-use crate::common::{append_request, create_stream, open, payload, peak_rss_mib};
+use crate::common::{append_request, create_stream, open, payload, peak_rss_mib, CpuMeter};
 use crate::common::{receive, subscribe};
 use crate::progress::Progress;
 use crate::report::{percentiles_ms, Row};
@@ -35,6 +35,7 @@ pub async fn run(
 
     let progress = Progress::start(label, frames);
     let mut acks = Vec::with_capacity(frames as usize);
+    let cpu = CpuMeter::start(daemon.pid());
     let start = Instant::now();
     for producer_seq in 1..=frames {
         let sent = Instant::now();
@@ -49,6 +50,7 @@ pub async fn run(
     let ingest = start.elapsed();
     drop(progress);
     let mut received = follower_task.await??;
+    let (daemon_cpu_us, bench_cpu_us) = cpu.per_frame_us(frames);
     let (p50_ms, p99_ms, p999_ms) = percentiles_ms(&mut acks);
     let (_, follow_p99_ms, _) = percentiles_ms(&mut received);
     let peak_rss_mib = peak_rss_mib(daemon.pid());
@@ -62,6 +64,8 @@ pub async fn run(
         p999_ms,
         follow_p99_ms: Some(follow_p99_ms),
         peak_rss_mib,
+        daemon_cpu_us,
+        bench_cpu_us,
         ..Row::default()
     })
 }

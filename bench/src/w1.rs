@@ -9,7 +9,7 @@ use tether_protocol::{DurableResume, Request, Response, StartAt};
 
 use tether_bench::{next, BoxError, Daemon};
 
-use crate::common::{append_request, create_stream, open, payload, peak_rss_mib};
+use crate::common::{append_request, create_stream, open, payload, peak_rss_mib, CpuMeter};
 use crate::common::{receive, subscribe};
 use crate::progress::Progress;
 use crate::report::{percentiles_ms, Row};
@@ -48,6 +48,7 @@ pub async fn run(
         tokio::spawn(async move { receive(&mut follower, frames, clock, Some(ack_every)).await });
 
     let progress = Progress::start(label, frames);
+    let cpu = CpuMeter::start(daemon.pid());
     let start = Instant::now();
     let mut sent = 0u64;
     let mut acked = 0u64;
@@ -68,6 +69,7 @@ pub async fn run(
     let ingest = start.elapsed();
     drop(progress);
     let mut latencies = follower_task.await??;
+    let (daemon_cpu_us, bench_cpu_us) = cpu.per_frame_us(frames);
     let (p50_ms, p99_ms, p999_ms) = percentiles_ms(&mut latencies);
 
     let replay_per_s = replay(&socket, frames).await?;
@@ -82,6 +84,8 @@ pub async fn run(
         p999_ms,
         replay_per_s: Some(replay_per_s),
         peak_rss_mib,
+        daemon_cpu_us,
+        bench_cpu_us,
         ..Row::default()
     })
 }

@@ -12,7 +12,7 @@ use tether_protocol::{Response, StartAt};
 
 use tether_bench::{next, BoxError, Conn, Daemon};
 
-use crate::common::{append_request, create_stream, open, payload, peak_rss_mib};
+use crate::common::{append_request, create_stream, open, payload, peak_rss_mib, CpuMeter};
 use crate::common::{receive, subscribe};
 use crate::progress::Progress;
 use crate::report::{percentiles_ms, Row};
@@ -44,6 +44,7 @@ pub async fn run(
     }
 
     let progress = Progress::start(label, frames * streams);
+    let cpu = CpuMeter::start(daemon.pid());
     let start = Instant::now();
     let follower_tasks: Vec<_> = followers
         .into_iter()
@@ -74,6 +75,7 @@ pub async fn run(
     for task in follower_tasks {
         latencies.extend(task.await??);
     }
+    let (daemon_cpu_us, bench_cpu_us) = cpu.per_frame_us(frames * streams);
     let (p50_ms, p99_ms, p999_ms) = percentiles_ms(&mut latencies);
     let first = completions.iter().min().copied().unwrap_or_default();
     let last = completions.iter().max().copied().unwrap_or_default();
@@ -88,6 +90,8 @@ pub async fn run(
         p999_ms,
         completion_s: Some((first.as_secs_f64(), last.as_secs_f64())),
         peak_rss_mib,
+        daemon_cpu_us,
+        bench_cpu_us,
         ..Row::default()
     })
 }
