@@ -12,6 +12,15 @@
 //! drops that follower's sender instead of queueing; the follower sees its
 //! channel end, reads what it missed from the store and registers again.
 //! Nothing is buffered without bound, whatever a reader does.
+//!
+//! The budget has two tiers. Every follower may hold its base budget
+//! ([`FollowerBudget::base`]); a follower may go on up to
+//! [`FollowerBudget::burst`] only while the bytes queued to all followers
+//! together stay under [`FollowerBudget::shared`]. A busy follower that is
+//! a commit or two behind a producer with a deep window then stays live
+//! instead of re-reading from the store what the hub had in memory, while
+//! many stalled followers still hold no more than their base each: the
+//! hub's worst case is followers × base + shared.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,8 +31,54 @@ use tokio::sync::mpsc;
 
 use crate::{Error, Result};
 
-/// Bytes of batches that may wait for one follower by default.
+/// Bytes of batches that may wait for one follower by default, whatever
+/// the others hold.
 pub const DEFAULT_FOLLOWER_BUDGET: usize = 256 * 1024;
+
+/// How much one follower may hold by default while the hub as a whole is
+/// under its shared allowance.
+pub const DEFAULT_FOLLOWER_BURST: usize = 1024 * 1024;
+
+/// Bytes queued to all followers together above which no follower goes
+/// past its base budget, by default.
+pub const DEFAULT_SHARED_QUEUE: usize = 16 * 1024 * 1024;
+
+/// How many queued bytes a follower may hold (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FollowerBudget {
+    /// Always allowed.
+    pub base: usize,
+    /// Allowed while the hub's total is under `shared`.
+    pub burst: usize,
+    /// The hub-wide total that ends bursting.
+    pub shared: usize,
+}
+
+impl Default for FollowerBudget {
+    fn default() -> Self {
+        Self {
+            base: DEFAULT_FOLLOWER_BUDGET,
+            burst: DEFAULT_FOLLOWER_BURST,
+            shared: DEFAULT_SHARED_QUEUE,
+        }
+    }
+}
+
+impl FollowerBudget {
+    /// A single tier: every follower may hold `bytes`, no more.
+    pub fn flat(bytes: usize) -> Self {
+        Self {
+            base: bytes,
+            burst: bytes,
+            shared: 0,
+        }
+    }
+
+    /// The most one follower can ever hold.
+    pub fn max(&self) -> usize {
+        self.base.max(self.burst)
+    }
+}
 
 /// What a frame costs in the budget beyond its payload: the seq, the frame
 /// header and the batch bookkeeping, rounded up. It keeps empty payloads from
@@ -49,7 +104,9 @@ pub struct StreamUpdate {
 #[derive(Debug)]
 pub struct Hub {
     state: Mutex<HubState>,
-    budget: usize,
+    budget: FollowerBudget,
+    /// Bytes queued to all followers together, received or not yet.
+    queued_total: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, Default)]
@@ -73,25 +130,46 @@ struct Follower {
     queued: Arc<Gauge>,
 }
 
-/// Bytes queued to one follower, and the most there ever were.
-#[derive(Debug, Default)]
+/// Bytes queued to one follower, and the most there ever were. Every change
+/// of `now` is made to the hub's total too.
+#[derive(Debug)]
 struct Gauge {
     now: AtomicUsize,
     peak: AtomicUsize,
+    total: Arc<AtomicUsize>,
+}
+
+impl Gauge {
+    fn add(&self, bytes: usize) {
+        let now = self.now.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        self.peak.fetch_max(now, Ordering::AcqRel);
+        self.total.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    fn sub(&self, bytes: usize) {
+        self.now.fetch_sub(bytes, Ordering::AcqRel);
+        self.total.fetch_sub(bytes, Ordering::AcqRel);
+    }
 }
 
 impl Hub {
-    /// A hub allowing `budget` queued bytes per follower.
-    pub fn new(budget: usize) -> Self {
+    /// A hub allowing each follower `budget`.
+    pub fn new(budget: FollowerBudget) -> Self {
         Self {
             state: Mutex::new(HubState::default()),
             budget,
+            queued_total: Arc::new(AtomicUsize::new(0)),
         }
     }
 
-    /// The per-follower byte budget.
-    pub fn budget(&self) -> usize {
+    /// What each follower may hold.
+    pub fn budget(&self) -> FollowerBudget {
         self.budget
+    }
+
+    /// Bytes queued to all followers together.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_total.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> MutexGuard<'_, HubState> {
@@ -132,9 +210,9 @@ impl Hub {
             if live.followers.is_empty() || update.frames.is_empty() {
                 continue;
             }
-            for (batch, cost) in split(update.frames, self.budget / 8) {
+            for (batch, cost) in split(update.frames, self.budget.base / 8) {
                 live.followers
-                    .retain(|f| offer(f, &batch, cost, self.budget));
+                    .retain(|f| offer(f, &batch, cost, &self.budget));
             }
         }
     }
@@ -154,7 +232,11 @@ impl Hub {
             .get_mut(stream)
             .ok_or_else(|| Error::StreamNotFound(stream.to_owned()))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let queued = Arc::new(Gauge::default());
+        let queued = Arc::new(Gauge {
+            now: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            total: self.queued_total.clone(),
+        });
         live.followers.push(Follower {
             id,
             tx,
@@ -212,17 +294,19 @@ impl Hub {
 
 /// Queues `batch` for one follower if it fits its budget. Returns whether
 /// the follower stays registered.
-fn offer(follower: &Follower, batch: &LiveBatch, cost: usize, budget: usize) -> bool {
-    let queued = follower.queued.now.load(Ordering::Acquire);
-    if queued + cost > budget {
+fn offer(follower: &Follower, batch: &LiveBatch, cost: usize, budget: &FollowerBudget) -> bool {
+    let gauge = &follower.queued;
+    let after = gauge.now.load(Ordering::Acquire) + cost;
+    let fits = after <= budget.base
+        || (after <= budget.burst && gauge.total.load(Ordering::Acquire) + cost <= budget.shared);
+    if !fits {
         // Over budget: dropping the sender tells the follower to catch up
         // from the store. The batches already queued stay deliverable.
         return false;
     }
-    let now = follower.queued.now.fetch_add(cost, Ordering::AcqRel) + cost;
-    follower.queued.peak.fetch_max(now, Ordering::AcqRel);
+    gauge.add(cost);
     if follower.tx.send((batch.clone(), cost)).is_err() {
-        follower.queued.now.fetch_sub(cost, Ordering::AcqRel);
+        gauge.sub(cost);
         return false;
     }
     true
@@ -275,7 +359,7 @@ impl Registration {
     /// (it fell behind, or the daemon is shutting down). Cancel safe.
     pub async fn recv(&mut self) -> Option<LiveBatch> {
         let (batch, cost) = self.rx.recv().await?;
-        self.queued.now.fetch_sub(cost, Ordering::AcqRel);
+        self.queued.sub(cost);
         Some(batch)
     }
 
@@ -292,7 +376,11 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        // Unregistered first, so that nothing is queued after the batches
+        // still waiting are counted out of the hub's total.
         self.hub.unregister(&self.stream, self.id);
+        let waiting = self.queued.now.load(Ordering::Acquire);
+        self.queued.sub(waiting);
     }
 }
 
@@ -330,7 +418,7 @@ mod tests {
 
     #[tokio::test]
     async fn registration_sees_exactly_the_frames_after_its_last_seq() {
-        let hub = Arc::new(Hub::new(DEFAULT_FOLLOWER_BUDGET));
+        let hub = Arc::new(Hub::new(FollowerBudget::default()));
         hub.publish(vec![update("s", 1..=3, 1)]);
         let mut reg = hub.register("s").unwrap();
         assert_eq!(reg.last_seq, 3);
@@ -345,7 +433,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_follower_over_budget_is_dropped_and_keeps_what_was_queued() {
-        let hub = Arc::new(Hub::new(1000));
+        let hub = Arc::new(Hub::new(FollowerBudget::flat(1000)));
         hub.publish(vec![update("s", 1..=1, 1)]);
         let mut reg = hub.register("s").unwrap();
         for seq in 2..=40 {
@@ -363,9 +451,49 @@ mod tests {
         assert_eq!(next, 12, "ten frames of cost 100 fit the budget of 1000");
     }
 
+    /// Publishes frames of cost 100 to `stream`, one at a time from seq
+    /// `from`, until its follower is dropped; returns how many it took.
+    fn fill_until_dropped(hub: &Hub, stream: &str, from: u64) -> u64 {
+        let mut seq = from;
+        while hub.follower_count(stream) > 0 {
+            hub.publish(vec![update(stream, seq..=seq, 36)]);
+            seq += 1;
+        }
+        seq - from - 1
+    }
+
+    #[tokio::test]
+    async fn a_follower_bursts_past_its_base_only_while_the_hub_has_room() {
+        let budget = FollowerBudget {
+            base: 1000,
+            burst: 3000,
+            shared: 4000,
+        };
+        let hub = Arc::new(Hub::new(budget));
+        hub.publish(vec![update("a", 1..=1, 1), update("b", 1..=1, 1)]);
+        let mut a = hub.register("a").unwrap();
+        let mut b = hub.register("b").unwrap();
+        // Alone, "a" takes its whole burst: 30 frames of cost 100.
+        assert_eq!(fill_until_dropped(&hub, "a", 2), 30);
+        assert_eq!(hub.queued_bytes(), 3000);
+        // With 3000 of the shared 4000 held by "a", "b" gets 1000 more
+        // before it reaches its base, and no burst.
+        assert_eq!(fill_until_dropped(&hub, "b", 2), 10);
+        assert_eq!(hub.queued_bytes(), 4000);
+        while a.recv().await.is_some() {}
+        assert_eq!(hub.queued_bytes(), 1000);
+        drop(b.recv().await);
+        drop(b);
+        assert_eq!(
+            hub.queued_bytes(),
+            0,
+            "a dropped registration's batches are counted out"
+        );
+    }
+
     #[test]
     fn dropping_a_registration_unregisters_it() {
-        let hub = Arc::new(Hub::new(DEFAULT_FOLLOWER_BUDGET));
+        let hub = Arc::new(Hub::new(FollowerBudget::default()));
         hub.publish(vec![update("s", 1..=1, 1)]);
         let reg = hub.register("s").unwrap();
         assert_eq!(hub.follower_count("s"), 1);

@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::checkpoint::{self, Resume};
 use crate::config::Retention;
-use crate::hub::{Hub, StreamUpdate, DEFAULT_FOLLOWER_BUDGET};
+use crate::hub::{FollowerBudget, Hub, StreamUpdate};
 use crate::store::{ProducerState, Snapshot, Store, StreamMeta, WriteTxn};
 use crate::subscription::Subscription;
 use crate::{Error, Result};
@@ -152,7 +152,7 @@ impl Queue {
         let store = Arc::new(Store::open(store_path)?);
         let snapshot = store.load()?;
         let checkpoint_refs = Arc::new(Mutex::new(newest_valid_checkpoints(&store)?));
-        let hub = Arc::new(Hub::new(DEFAULT_FOLLOWER_BUDGET));
+        let hub = Arc::new(Hub::new(FollowerBudget::default()));
         let (tx, rx) = mpsc::channel(COMMAND_CAPACITY);
         let mut writer = Writer {
             store: store.clone(),

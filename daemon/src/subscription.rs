@@ -106,7 +106,7 @@ impl Subscription {
     }
 
     /// The most bytes the hub ever held queued for this subscription. Never
-    /// above the hub's per-follower budget.
+    /// above the most the hub lets one follower hold.
     pub fn peak_queued_bytes(&self) -> usize {
         let current = self
             .live
