@@ -1,5 +1,6 @@
-//! `tetherd`: reads the config (file, environment, flags), takes what the
-//! service manager passed, sets up logging and signals, and calls
+//! `tetherd`: sets up the allocator, reads the config (file, environment,
+//! flags), takes what the service manager passed, sets up logging and
+//! signals, and calls
 //! [`tetherd::run_with`]. SIGHUP reads the config again: the log level is
 //! applied here, the rest is handed to the daemon.
 
@@ -12,6 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Registry};
+
+mod allocator;
 
 /// The tether daemon: durable, sequence-numbered streams over a unix socket,
 /// and supervised workers whose output becomes streams.
@@ -71,6 +74,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    allocator::configure();
     let args = Args::parse();
     // Read once and removed before any thread starts, so that shims and
     // workers do not inherit them.
