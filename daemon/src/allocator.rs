@@ -10,9 +10,11 @@
 //!
 //! Why the purge delay: mimalloc keeps freed pages for a second by default
 //! before returning them, which raised the daemon's peak resident memory
-//! under W2 from 56 to 66 MiB. A delay of a few milliseconds keeps nearly
-//! all of the speed and the memory of the system allocator. Transparent
-//! huge pages are off (the `no_thp` feature) for the same reason.
+//! under W2 from 56 to 66 MiB. At 10 ms it is back to 55 MiB. Shorter is
+//! slower where large buffers come and go: at 2 ms, replays (a 128 KiB
+//! read buffer per store read) paid for faulting freshly purged pages back
+//! in. Transparent huge pages are off (the `no_thp` feature): with them W1
+//! peaked at 70 MiB instead of 30.
 //!
 //! This module belongs to the `tetherd` binary, not the library: embedding
 //! programs and the tests keep their own allocator.
@@ -29,7 +31,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const MI_OPTION_PURGE_DELAY: mi_option_t = 15;
 
 /// Milliseconds mimalloc keeps freed memory before giving it back.
-const PURGE_DELAY_MS: std::os::raw::c_long = 2;
+const PURGE_DELAY_MS: std::os::raw::c_long = 10;
 
 /// Applies the allocator settings. Called first thing in `main`.
 pub fn configure() {
