@@ -31,6 +31,8 @@ pub struct Row {
     /// the load generator's.
     pub daemon_cpu_us: f64,
     pub bench_cpu_us: f64,
+    /// W1: the daemon's CPU time per frame replayed, in µs.
+    pub replay_cpu_us: Option<f64>,
 }
 
 impl Row {
@@ -107,6 +109,7 @@ pub fn json_row(r: &Row, size: usize) -> String {
         "peak_rss_mib": r.peak_rss_mib,
         "daemon_cpu_us_per_frame": r.daemon_cpu_us,
         "bench_cpu_us_per_frame": r.bench_cpu_us,
+        "replay_daemon_cpu_us_per_frame": r.replay_cpu_us,
     })
     .to_string()
 }
@@ -140,6 +143,7 @@ pub fn median(rows: &[Row]) -> Row {
         peak_rss_mib: all(|r| r.peak_rss_mib),
         daemon_cpu_us: all(|r| r.daemon_cpu_us),
         bench_cpu_us: all(|r| r.bench_cpu_us),
+        replay_cpu_us: some(|r| r.replay_cpu_us),
     }
 }
 

@@ -72,7 +72,9 @@ pub async fn run(
     let (daemon_cpu_us, bench_cpu_us) = cpu.per_frame_us(frames);
     let (p50_ms, p99_ms, p999_ms) = percentiles_ms(&mut latencies);
 
+    let replay_cpu = CpuMeter::start(daemon.pid());
     let replay_per_s = replay(&socket, frames).await?;
+    let (replay_cpu_us, _) = replay_cpu.per_frame_us(frames);
     let peak_rss_mib = peak_rss_mib(daemon.pid());
     drop(daemon);
     Ok(Row {
@@ -83,6 +85,7 @@ pub async fn run(
         p99_ms,
         p999_ms,
         replay_per_s: Some(replay_per_s),
+        replay_cpu_us: Some(replay_cpu_us),
         peak_rss_mib,
         daemon_cpu_us,
         bench_cpu_us,
