@@ -1,0 +1,149 @@
+//! The bench binaries, end to end on a tiny load: every workload gives a
+//! whole row against a real daemon, the floors run, and bad flags are
+//! refused with a message. The figures themselves are not checked: a debug
+//! build on a shared machine measures nothing worth asserting.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn run(exe: &str, args: &[&str], dir: &Path) -> Output {
+    Command::new(exe)
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {exe}: {e}"))
+}
+
+/// The JSON rows a successful run printed.
+fn rows(out: &Output) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "exit {:?}, stderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+fn positive(row: &Value, field: &str) -> f64 {
+    let value = row[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no {field} in {row}"));
+    assert!(value > 0.0, "{field} is {value} in {row}");
+    value
+}
+
+#[test]
+fn every_workload_gives_a_whole_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let tetherd = tether_tests::bins::tetherd();
+    let out = run(
+        env!("CARGO_BIN_EXE_tether-bench"),
+        &[
+            "--workload",
+            "all",
+            "--frames",
+            "300",
+            "--streams",
+            "3",
+            "--window",
+            "64",
+            "--json",
+            "--tetherd",
+            tetherd.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let rows = rows(&out);
+    let workloads: Vec<&str> = rows
+        .iter()
+        .map(|r| r["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(workloads, ["W0", "W1", "W2"]);
+    let frames: Vec<u64> = rows.iter().map(|r| r["frames"].as_u64().unwrap()).collect();
+    assert_eq!(frames, [300, 300, 900]);
+    for row in &rows {
+        positive(row, "ingest_frames_per_s");
+        positive(row, "p50_ms");
+        positive(row, "peak_rss_mib");
+        assert!(row["daemon_cpu_us_per_frame"].as_f64().unwrap() >= 0.0);
+    }
+    positive(&rows[0], "follow_p99_ms");
+    positive(&rows[1], "replay_frames_per_s");
+    positive(&rows[2], "fairness");
+    // Each run's directory is removed with it.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_payload_too_short_for_its_send_time_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        env!("CARGO_BIN_EXE_tether-bench"),
+        &["--size", "4"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "tether-bench: --size must be at least 8 (the payload carries its send time)\n"
+    );
+}
+
+#[test]
+fn floors_measure_round_trips_with_and_without_a_thread_hop() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        env!("CARGO_BIN_EXE_floors"),
+        &["--quick", "--json", "--only", "round-trip"],
+        dir.path(),
+    );
+    let rows = rows(&out);
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["round trip 300 B", "round trip 300 B + thread hop"]);
+    for row in &rows {
+        assert_eq!(row["samples"], 1000);
+        let p50 = positive(row, "p50_ms");
+        assert!(positive(row, "p99_ms") >= p50);
+    }
+}
+
+#[test]
+fn floors_measure_durable_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        env!("CARGO_BIN_EXE_floors"),
+        &["--quick", "--json", "--only", "append"],
+        dir.path(),
+    );
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["count"], 100_000);
+    assert_eq!(rows[0]["unit"], "frames");
+    positive(&rows[0], "per_second");
+}
+
+#[test]
+fn floors_refuse_a_measurement_they_do_not_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        env!("CARGO_BIN_EXE_floors"),
+        &["--only", "disk"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid value 'disk' for '--only <NAME>'"),
+        "{stderr}"
+    );
+}
