@@ -19,6 +19,12 @@ fn run(exe: &str, args: &[&str], dir: &Path) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {exe}: {e}"))
 }
 
+/// Runs `exe` with its files in a directory of its own.
+fn run_in_temp(exe: &str, args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    run(exe, args, dir.path())
+}
+
 /// The JSON rows a successful run printed.
 fn rows(out: &Output) -> Vec<Value> {
     assert!(
@@ -86,12 +92,7 @@ fn every_workload_gives_a_whole_row() {
 
 #[test]
 fn a_payload_too_short_for_its_send_time_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = run(
-        env!("CARGO_BIN_EXE_tether-bench"),
-        &["--size", "4"],
-        dir.path(),
-    );
+    let out = run_in_temp(env!("CARGO_BIN_EXE_tether-bench"), &["--size", "4"]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
@@ -101,11 +102,9 @@ fn a_payload_too_short_for_its_send_time_is_refused() {
 
 #[test]
 fn floors_measure_round_trips_with_and_without_a_thread_hop() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = run(
+    let out = run_in_temp(
         env!("CARGO_BIN_EXE_floors"),
         &["--quick", "--json", "--only", "round-trip"],
-        dir.path(),
     );
     let rows = rows(&out);
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
@@ -119,11 +118,9 @@ fn floors_measure_round_trips_with_and_without_a_thread_hop() {
 
 #[test]
 fn floors_measure_durable_appends() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = run(
+    let out = run_in_temp(
         env!("CARGO_BIN_EXE_floors"),
         &["--quick", "--json", "--only", "append"],
-        dir.path(),
     );
     let rows = rows(&out);
     assert_eq!(rows.len(), 1);
@@ -134,12 +131,7 @@ fn floors_measure_durable_appends() {
 
 #[test]
 fn floors_refuse_a_measurement_they_do_not_have() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = run(
-        env!("CARGO_BIN_EXE_floors"),
-        &["--only", "disk"],
-        dir.path(),
-    );
+    let out = run_in_temp(env!("CARGO_BIN_EXE_floors"), &["--only", "disk"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

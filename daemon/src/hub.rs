@@ -162,11 +162,6 @@ impl Hub {
         }
     }
 
-    /// What each follower may hold.
-    pub fn budget(&self) -> FollowerBudget {
-        self.budget
-    }
-
     /// Bytes queued to all followers together.
     pub fn queued_bytes(&self) -> usize {
         self.queued_total.load(Ordering::Acquire)
