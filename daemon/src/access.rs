@@ -146,14 +146,25 @@ impl Peer {
     /// `Ok` when this peer may send `request`; otherwise the sentence
     /// saying why not.
     pub fn permits(&self, request: &Request) -> Result<(), String> {
+        self.permits_if(is_read(request), || describe(request))
+    }
+
+    /// [`Peer::permits`] for appends, which a session reads in batches
+    /// rather than as [`Request`]s.
+    pub fn permits_appends(&self) -> Result<(), String> {
+        self.permits_if(false, || "Append".to_owned())
+    }
+
+    /// `read`: the request changes nothing; `what`: how a refusal names it.
+    fn permits_if(&self, read: bool, what: impl FnOnce() -> String) -> Result<(), String> {
         match self.access {
             Access::Full => Ok(()),
-            Access::ReadOnly if is_read(request) => Ok(()),
+            Access::ReadOnly if read => Ok(()),
             Access::ReadOnly => Err(format!(
                 "permission denied: {self} is in the readers group and may only read \
                  (tail without --consumer, streams, ps, status, checkpoint list/load); \
                  {} is refused",
-                describe(request)
+                what()
             )),
             Access::Denied => Err(format!("permission denied: {self} may not use this daemon")),
         }

@@ -36,11 +36,12 @@ use tokio::io::AsyncReadExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::codec::FramedWrite;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::access::{self, Peer};
+use crate::ingest::{Incoming, IngestAppend, SessionCodec, SessionReader};
 use crate::queue::{AppendOutcome, Queue};
 use crate::subscription::{SubEvent, Subscription};
 use crate::supervisor::Supervisor;
@@ -74,11 +75,11 @@ const MAX_HELLO_LEN: usize = 64 * 1024;
 const MAX_PIPELINE: usize = 64;
 /// Appends gathered into one batch from what is already buffered.
 const MAX_APPEND_BATCH: usize = 4096;
-/// Payload bytes gathered into one batch. What a session has read but not
-/// yet handed to the writer is outside the writer's in-flight budget, so
-/// this bounds it: a hundred producers that all connect with a full window
-/// must not all be read into memory at once.
-const MAX_APPEND_BATCH_BYTES: usize = 64 * 1024;
+/// Payload bytes gathered into one batch (give or take one read). What a
+/// session has read but not yet handed to the writer is outside the
+/// writer's in-flight budget, so this bounds it: a hundred producers that
+/// all connect with a full window must not all be read into memory at once.
+const MAX_APPEND_BATCH_BYTES: usize = 32 * 1024;
 /// What a session buffers before it writes to its socket.
 const WRITE_BATCH_BYTES: usize = 32 * 1024;
 /// Subscription events buffered between the pump and the socket.
@@ -225,8 +226,8 @@ impl Session {
         }
         self.accept_hello(&hello).await?;
 
-        let codec = ServerCodec::with_max_frame_len(self.shared.config.max_frame_len);
-        let mut reader = FramedRead::new(read_half, codec);
+        let codec = SessionCodec::new(self.shared.config.max_frame_len);
+        let mut reader = SessionReader::new(read_half, codec);
         let mut reading = true;
         loop {
             if !reading && self.pending.is_empty() {
@@ -254,7 +255,10 @@ impl Session {
                     match request {
                         None => reading = false,
                         Some(Err(e)) => return Err(e.into()),
-                        Some(Ok(request)) => self.dispatch(request, &mut reader).await?,
+                        Some(Ok(Incoming::Appends(batch))) => {
+                            self.gather_appends(batch, &mut reader).await?;
+                        }
+                        Some(Ok(Incoming::Request(request))) => self.dispatch(request).await?,
                     }
                 }
             }
@@ -273,51 +277,20 @@ impl Session {
         self.send_all(vec![ok]).await
     }
 
-    /// Handles one request. Appends gather whatever further appends are
-    /// already buffered into the same batch.
-    async fn dispatch(
-        &mut self,
-        first: Request,
-        reader: &mut FramedRead<OwnedReadHalf, ServerCodec>,
-    ) -> Result<(), Refusal> {
-        let mut next = Some(first);
-        while let Some(request) = next.take() {
-            self.authorize(&request)?;
-            match request {
-                Request::Append(append) => {
-                    let mut bytes = append.payload.len();
-                    let mut batch = vec![append];
-                    while batch.len() < MAX_APPEND_BATCH && bytes < MAX_APPEND_BATCH_BYTES {
-                        match reader.next().now_or_never() {
-                            // The batch's first append was authorized and
-                            // the peer's rights do not change mid-session.
-                            Some(Some(Ok(Request::Append(more)))) => {
-                                bytes += more.payload.len();
-                                batch.push(more);
-                            }
-                            Some(Some(Ok(other))) => {
-                                next = Some(other);
-                                break;
-                            }
-                            Some(Some(Err(e))) => return Err(e.into()),
-                            // Nothing more buffered (or the client closed:
-                            // the read loop will see that next).
-                            Some(None) | None => break,
-                        }
-                    }
-                    self.start_appends(batch).await?;
+    /// Handles one request other than an append.
+    async fn dispatch(&mut self, request: Request) -> Result<(), Refusal> {
+        self.authorize(&request)?;
+        match request {
+            Request::Append(append) => self.start_appends(vec![append.into()]).await,
+            Request::DurableAck(ack) => self.start_ack(ack),
+            other => {
+                // Keep answers in request order: finish the pipeline first.
+                while let Some(done) = self.pending.next().await {
+                    self.send_all(done?).await?;
                 }
-                Request::DurableAck(ack) => self.start_ack(ack)?,
-                other => {
-                    // Keep answers in request order: finish the pipeline first.
-                    while let Some(done) = self.pending.next().await {
-                        self.send_all(done?).await?;
-                    }
-                    self.handle_control(other).await?;
-                }
+                self.handle_control(other).await
             }
         }
-        Ok(())
     }
 
     /// Refuses a request the peer may not send, and logs the control
@@ -343,7 +316,59 @@ impl Session {
         Ok(())
     }
 
-    async fn start_appends(&mut self, batch: Vec<tether_protocol::Append>) -> Result<(), Refusal> {
+    /// Adds to `batch` the appends already waiting on the socket (reading
+    /// it again while it has more), then submits them as one batch, and
+    /// then serves the request that ended it, if any.
+    async fn gather_appends(
+        &mut self,
+        mut batch: Vec<IngestAppend>,
+        reader: &mut SessionReader,
+    ) -> Result<(), Refusal> {
+        let mut bytes: usize = batch.iter().map(|a| a.payload.len()).sum();
+        let mut after = None;
+        while batch.len() < MAX_APPEND_BATCH && bytes < MAX_APPEND_BATCH_BYTES {
+            match reader.next().now_or_never() {
+                Some(Some(Ok(Incoming::Appends(more)))) => {
+                    bytes += more.iter().map(|a| a.payload.len()).sum::<usize>();
+                    batch.extend(more);
+                }
+                Some(Some(next)) => {
+                    after = Some(next);
+                    break;
+                }
+                // Nothing more buffered (or the client closed: the read
+                // loop will see that next).
+                Some(None) | None => break,
+            }
+        }
+        // The appends before a bad frame are stored and answered first.
+        self.start_appends(batch).await?;
+        match after {
+            Some(Ok(Incoming::Request(request))) => self.dispatch(request).await,
+            Some(Err(e)) => Err(e.into()),
+            Some(Ok(Incoming::Appends(_))) | None => Ok(()),
+        }
+    }
+
+    /// [`Session::authorize`] for a batch of appends.
+    fn authorize_appends(&mut self, batch: &[IngestAppend]) -> Result<(), Refusal> {
+        if let Err(why) = self.peer.permits_appends() {
+            return Err(Refusal::new(ErrorCode::PERMISSION_DENIED, why));
+        }
+        if !std::mem::replace(&mut self.logged_writes, true) {
+            tracing::info!(
+                uid = self.peer.uid(),
+                pid = self.peer.pid(),
+                request = "Append",
+                target = batch.first().map_or("", |a| &*a.stream),
+                "control request"
+            );
+        }
+        Ok(())
+    }
+
+    async fn start_appends(&mut self, batch: Vec<IngestAppend>) -> Result<(), Refusal> {
+        self.authorize_appends(&batch)?;
         // Submitted here, in socket order; only the outcome is awaited in
         // the pipeline. See `Queue::submit_append`.
         let outcomes = self.shared.queue.submit_append(batch).await?;
@@ -702,25 +727,27 @@ fn write_failed(e: tether_protocol::Error) -> Refusal {
 /// carrying its highest producer seq. Appends of one producer arrive in
 /// producer-seq order, so the last outcome of each pair is the highest.
 fn coalesce_acks(outcomes: Vec<AppendOutcome>) -> Vec<Response> {
-    let mut acks: Vec<Appended> = Vec::new();
+    let mut newest: Vec<AppendOutcome> = Vec::new();
     for outcome in outcomes {
-        match acks
+        match newest
             .iter_mut()
-            .find(|a| a.stream == outcome.stream && a.producer == outcome.producer)
+            .find(|n| n.stream == outcome.stream && n.producer == outcome.producer)
         {
-            Some(ack) => {
-                ack.producer_seq = outcome.producer_seq;
-                ack.seq = outcome.seq;
-            }
-            None => acks.push(Appended {
-                stream: outcome.stream,
-                producer: outcome.producer,
-                producer_seq: outcome.producer_seq,
-                seq: outcome.seq,
-            }),
+            Some(n) => *n = outcome,
+            None => newest.push(outcome),
         }
     }
-    acks.into_iter().map(Response::Appended).collect()
+    newest
+        .into_iter()
+        .map(|n| {
+            Response::Appended(Appended {
+                stream: n.stream.to_string(),
+                producer: n.producer.to_string(),
+                producer_seq: n.producer_seq,
+                seq: n.seq,
+            })
+        })
+        .collect()
 }
 
 /// Reads the first frame by hand, so that a Hello of another protocol

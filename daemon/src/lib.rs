@@ -28,6 +28,7 @@ pub mod config;
 pub mod connection;
 pub mod error;
 pub mod hub;
+pub mod ingest;
 pub mod lock;
 pub mod notify;
 pub mod queue;

@@ -30,14 +30,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tether_protocol::{
-    validate_appends, validate_name, Append, Checkpoint, CheckpointMeta, CheckpointRef,
-    CheckpointSave, Frame, FrameKind, StreamInfo,
+    validate_name, Checkpoint, CheckpointMeta, CheckpointRef, CheckpointSave, Frame, FrameKind,
+    StreamInfo,
 };
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::checkpoint::{self, Resume};
 use crate::config::Retention;
 use crate::hub::{FollowerBudget, Hub, StreamUpdate};
+use crate::ingest::{self, IngestAppend};
 use crate::store::{ProducerState, Snapshot, Store, StreamMeta, WriteTxn};
 use crate::subscription::Subscription;
 use crate::{Error, Result};
@@ -105,8 +106,8 @@ impl Default for QueueOptions {
 /// The result of one [`Append`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppendOutcome {
-    pub stream: String,
-    pub producer: String,
+    pub stream: Arc<str>,
+    pub producer: Arc<str>,
     pub producer_seq: u64,
     /// The frame's stream seq; for a duplicate, the seq of the producer's
     /// newest stored frame.
@@ -189,7 +190,11 @@ impl Queue {
     /// newest one stored for its (stream, producer) is a duplicate: it is not
     /// stored again, and its outcome carries that producer's newest seq.
     /// An invalid stream or producer name fails the whole call.
-    pub async fn append(&self, appends: Vec<Append>) -> Result<Vec<AppendOutcome>> {
+    pub async fn append<A: Into<IngestAppend>>(
+        &self,
+        appends: impl IntoIterator<Item = A>,
+    ) -> Result<Vec<AppendOutcome>> {
+        let appends: Vec<IngestAppend> = appends.into_iter().map(Into::into).collect();
         if appends.is_empty() {
             return Ok(Vec::new());
         }
@@ -490,12 +495,12 @@ impl Queue {
     /// then take the earlier one for a duplicate.)
     pub async fn submit_append(
         &self,
-        appends: Vec<Append>,
+        appends: Vec<IngestAppend>,
     ) -> Result<impl std::future::Future<Output = Result<Vec<AppendOutcome>>> + Send + 'static>
     {
         // Checked on the caller's task, not on the writer thread, which
         // every commit waits for.
-        validate_appends(&appends)?;
+        ingest::validate(&appends)?;
         self.submit(Request::Append(appends), Reply::Append).await
     }
 }
@@ -580,7 +585,7 @@ struct Command {
 
 #[derive(Debug)]
 enum Request {
-    Append(Vec<Append>),
+    Append(Vec<IngestAppend>),
     OpenConsumer {
         stream: String,
         consumer: String,
@@ -1136,7 +1141,7 @@ impl Writer {
     fn apply_appends(
         &mut self,
         txn: &mut WriteTxn<'_>,
-        appends: Vec<Append>,
+        appends: Vec<IngestAppend>,
         ts: u64,
         staged: &mut Staged,
     ) -> Result<Result<Outcome>> {
@@ -1149,7 +1154,7 @@ impl Writer {
             // A batch is mostly one producer's frames in a row: the stream,
             // the producer and the staged frames are looked up once a run.
             let mut run = vec![first];
-            while let Some(next) = appends.next_if(|a| same_writer(a, &run[0])) {
+            while let Some(next) = appends.next_if(|a| a.same_writer(&run[0])) {
                 run.push(next);
             }
             self.apply_run(txn, run, ts, staged, &mut outcomes)?;
@@ -1166,7 +1171,7 @@ impl Writer {
     fn apply_run(
         &mut self,
         txn: &mut WriteTxn<'_>,
-        run: Vec<Append>,
+        run: Vec<IngestAppend>,
         ts: u64,
         staged: &mut Staged,
         outcomes: &mut Vec<AppendOutcome>,
@@ -1176,7 +1181,7 @@ impl Writer {
             None => return Ok(()),
         };
         let stream = self.stream_or_create(&stream_name, ts, staged);
-        let mut newest = stream.producers.get(&producer_name).copied();
+        let mut newest = stream.producers.get(&*producer_name).copied();
         let mut first_stored = None;
         let staged_frames = staged.frames_of(&stream_name);
         for a in run {
@@ -1207,7 +1212,12 @@ impl Writer {
             outcomes.push(outcome);
         }
         if let (Some(state), Some(first)) = (newest, first_stored) {
-            stream.producers.insert(producer_name.clone(), state);
+            match stream.producers.get_mut(&*producer_name) {
+                Some(stored) => *stored = state,
+                None => {
+                    stream.producers.insert(producer_name.to_string(), state);
+                }
+            }
             staged.stage_producer(&stream_name, &producer_name, first);
         }
         Ok(())
@@ -1227,7 +1237,7 @@ impl Writer {
 
     /// Refuses appends that would skip the first unstored seq of a
     /// producer whose earlier appends failed (see `failed_from`).
-    fn check_resumed(&self, appends: &[Append]) -> Result<()> {
+    fn check_resumed(&self, appends: &[IngestAppend]) -> Result<()> {
         if self.failed_from.is_empty() {
             return Ok(());
         }
@@ -1235,10 +1245,10 @@ impl Writer {
         for a in appends {
             let from = self
                 .failed_from
-                .get(&a.stream)
-                .and_then(|m| m.get(&a.producer));
+                .get(&*a.stream)
+                .and_then(|m| m.get(&*a.producer));
             let Some(&from) = from else { continue };
-            let key = (a.stream.as_str(), a.producer.as_str());
+            let key = (&*a.stream, &*a.producer);
             if a.producer_seq == from {
                 resumed.push(key);
             } else if a.producer_seq > from && !resumed.contains(&key) {
@@ -1255,14 +1265,14 @@ impl Writer {
     /// Forgets where producers must resume once they have.
     fn forget_resumed(&mut self, outcomes: &[AppendOutcome]) {
         for o in outcomes.iter().filter(|o| !o.duplicate) {
-            let Some(failed) = self.failed_from.get_mut(&o.stream) else {
+            let Some(failed) = self.failed_from.get_mut(&*o.stream) else {
                 continue;
             };
-            if failed.get(&o.producer) == Some(&o.producer_seq) {
-                failed.remove(&o.producer);
+            if failed.get(&*o.producer) == Some(&o.producer_seq) {
+                failed.remove(&*o.producer);
             }
             if failed.is_empty() {
-                self.failed_from.remove(&o.stream);
+                self.failed_from.remove(&*o.stream);
             }
         }
     }
@@ -1721,11 +1731,6 @@ fn put_new_frame(
     stream.meta.bytes += frame.payload.len() as u64;
     staged.push((seq, frame));
     Ok(seq)
-}
-
-/// Whether two appends come from one producer to one stream.
-fn same_writer(a: &Append, b: &Append) -> bool {
-    a.stream == b.stream && a.producer == b.producer
 }
 
 /// One compaction batch: delete from `meta.first_seq`, no further than

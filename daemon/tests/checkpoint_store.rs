@@ -44,7 +44,7 @@ fn save(data: &str) -> CheckpointSave {
 }
 
 async fn output(queue: &Queue, lines: &[&str], first_pseq: u64) {
-    let appends = lines
+    let appends: Vec<_> = lines
         .iter()
         .zip(first_pseq..)
         .map(|(line, pseq)| Append {

@@ -348,15 +348,7 @@ async fn interleaved_producers_keep_their_own_dedupe_state() {
     let out = queue.append(batch).await.unwrap();
     let got: Vec<(&str, &str, u64, bool, u64)> = out
         .iter()
-        .map(|o| {
-            (
-                o.stream.as_str(),
-                o.producer.as_str(),
-                o.producer_seq,
-                o.duplicate,
-                o.seq,
-            )
-        })
+        .map(|o| (&*o.stream, &*o.producer, o.producer_seq, o.duplicate, o.seq))
         .collect();
     assert_eq!(
         got,

@@ -11,9 +11,7 @@ use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::{Error, Message, Request, Response, DEFAULT_MAX_FRAME_LEN};
-
-const PREFIX_LEN: usize = 4;
+use crate::{AppendView, Error, Message, Request, Response, DEFAULT_MAX_FRAME_LEN};
 
 /// Encodes `Out` and decodes `In`, each as one length-delimited frame.
 #[derive(Debug)]
@@ -64,26 +62,11 @@ impl<In: Message, Out> Decoder for Codec<In, Out> {
     type Error = Error;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<In>, Error> {
-        let Some(prefix) = src.get(..PREFIX_LEN) else {
+        let Some(len) = poll_frame(src, self.max_frame_len)? else {
             return Ok(None);
         };
-        let mut len_bytes = [0u8; PREFIX_LEN];
-        len_bytes.copy_from_slice(prefix);
-        let len = u32::from_be_bytes(len_bytes) as usize;
-        if len > self.max_frame_len {
-            return Err(Error::FrameTooLarge {
-                len,
-                max: self.max_frame_len,
-            });
-        }
-        if src.len() < PREFIX_LEN + len {
-            // Reserving only what this (already bounded) frame still needs
-            // keeps one syscall per frame without trusting the peer further.
-            src.reserve(PREFIX_LEN + len - src.len());
-            return Ok(None);
-        }
         src.advance(PREFIX_LEN);
-        let body = src.split_to(len);
+        let body = src.split_to(len - PREFIX_LEN);
         decode_wire_message(&body).map(Some)
     }
 
@@ -91,22 +74,61 @@ impl<In: Message, Out> Decoder for Codec<In, Out> {
         if let Some(item) = self.decode(src)? {
             return Ok(Some(item));
         }
-        if src.is_empty() {
-            return Ok(None);
+        match src.is_empty() {
+            true => Ok(None),
+            false => Err(truncated(src)),
         }
-        // The stream ended inside a frame: name how much of it arrived.
-        let expected = match src.get(..PREFIX_LEN) {
-            Some(prefix) => {
-                let mut len_bytes = [0u8; PREFIX_LEN];
-                len_bytes.copy_from_slice(prefix);
-                PREFIX_LEN + u32::from_be_bytes(len_bytes) as usize
-            }
-            None => PREFIX_LEN,
-        };
-        Err(Error::Truncated {
-            received: src.len(),
-            expected,
-        })
+    }
+}
+
+/// The bytes in front of every frame body: its length, a big-endian `u32`.
+pub const PREFIX_LEN: usize = 4;
+
+/// The length of the first frame in `src`, prefix included, once all of it
+/// is there; `Ok(None)` while it is not. A length over `max` is refused
+/// before anything else, so a peer cannot make the reader wait for (or
+/// grow a buffer to) more than `max` bytes.
+pub fn complete_frame_len(src: &[u8], max: usize) -> Result<Option<usize>, Error> {
+    let Some(prefix) = src.get(..PREFIX_LEN) else {
+        return Ok(None);
+    };
+    let mut len_bytes = [0u8; PREFIX_LEN];
+    len_bytes.copy_from_slice(prefix);
+    let len = u32::from_be_bytes(len_bytes) as usize;
+    if len > max {
+        return Err(Error::FrameTooLarge { len, max });
+    }
+    Ok((src.len() >= PREFIX_LEN + len).then_some(PREFIX_LEN + len))
+}
+
+/// [`complete_frame_len`] for a decoder's buffer: while the frame is
+/// incomplete, reserves only what this (already bounded) frame still
+/// needs, which keeps one read per frame without trusting the peer further.
+pub fn poll_frame(src: &mut BytesMut, max: usize) -> Result<Option<usize>, Error> {
+    let complete = complete_frame_len(src, max)?;
+    if complete.is_none() && src.len() >= PREFIX_LEN {
+        let mut len_bytes = [0u8; PREFIX_LEN];
+        len_bytes.copy_from_slice(&src[..PREFIX_LEN]);
+        let needed = PREFIX_LEN + u32::from_be_bytes(len_bytes) as usize;
+        src.reserve(needed.saturating_sub(src.len()));
+    }
+    Ok(complete)
+}
+
+/// The error for a stream that ended inside a frame (`src` holds what
+/// arrived of it): names how much of it arrived.
+pub fn truncated(src: &[u8]) -> Error {
+    let expected = match src.get(..PREFIX_LEN) {
+        Some(prefix) => {
+            let mut len_bytes = [0u8; PREFIX_LEN];
+            len_bytes.copy_from_slice(prefix);
+            PREFIX_LEN + u32::from_be_bytes(len_bytes) as usize
+        }
+        None => PREFIX_LEN,
+    };
+    Error::Truncated {
+        received: src.len(),
+        expected,
     }
 }
 
@@ -139,6 +161,25 @@ pub fn decode_wire_message<T: Message>(body: &[u8]) -> Result<T, Error> {
         Error::Malformed(_) => unknown_kind::<T>(body).unwrap_or(e),
         e => e,
     })
+}
+
+/// Reads a [`Request`] body in place when it is an `Append`, with the same
+/// checks as [`decode_wire_message`]; `Ok(None)` when it is any other
+/// request (or no request at all), which that function then decodes.
+pub fn decode_append_view(body: &[u8]) -> Result<Option<AppendView<'_>>, Error> {
+    match postcard::take_from_bytes::<u32>(body) {
+        Ok((Request::APPEND_KIND, rest)) => {
+            let (view, rest) = postcard::take_from_bytes(rest).map_err(Error::Malformed)?;
+            match rest.is_empty() {
+                true => Ok(Some(view)),
+                false => Err(Error::TrailingBytes {
+                    message: short_type_name::<Request>(),
+                    extra: rest.len(),
+                }),
+            }
+        }
+        _ => Ok(None),
+    }
 }
 
 /// [`Error::UnknownMessage`] when the body starts with a variant index

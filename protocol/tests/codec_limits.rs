@@ -6,11 +6,13 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use proptest::prelude::*;
 use serde::Serialize;
-use tether_protocol::codec::{encode_frame, peek_hello_version};
+use tether_protocol::codec::{
+    decode_append_view, decode_wire_message, encode_frame, peek_hello_version,
+};
 use tether_protocol::{
-    validate_name, Append, Capabilities, ClientCodec, DurableAck, Error, FrameKind, Hello, Message,
-    Request, Response, ServerCodec, Subscribed, DEFAULT_MAX_FRAME_LEN, MAX_NAME_LEN,
-    PROTOCOL_VERSION,
+    validate_name, Append, AppendView, Capabilities, ClientCodec, DurableAck, Error, FrameKind,
+    Hello, Message, Request, Response, ServerCodec, Subscribed, DEFAULT_MAX_FRAME_LEN,
+    MAX_NAME_LEN, PROTOCOL_VERSION,
 };
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -321,7 +323,93 @@ fn a_request_is_not_a_response() {
     assert_malformed(ClientCodec::new().decode(&mut BytesMut::from(&frame[..])));
 }
 
+// ---------------------------------------------------------------------------
+// Appends read in place
+// ---------------------------------------------------------------------------
+
+#[test]
+fn an_append_read_in_place_has_the_fields_it_was_sent_with() {
+    let body = body_of(&append(3));
+    assert_eq!(
+        decode_append_view(&body).unwrap(),
+        Some(AppendView {
+            stream: "jobs",
+            producer: "p1",
+            producer_seq: 7,
+            kind: FrameKind::Data,
+            payload: b"xxx",
+        })
+    );
+    assert_eq!(u32::from(body[0]), Request::APPEND_KIND);
+}
+
+#[test]
+fn other_requests_are_not_read_as_appends() {
+    for request in [hello(), Request::Status, Request::ListStreams] {
+        assert_eq!(decode_append_view(&body_of(&request)).unwrap(), None);
+    }
+    // Not even a variant index: left for the full decoder to name.
+    assert_eq!(decode_append_view(&[]).unwrap(), None);
+    assert_eq!(decode_append_view(&[0xFF; 12]).unwrap(), None);
+}
+
+/// A bad append is refused in place with the error the full decoder gives.
+#[test]
+fn a_bad_append_read_in_place_fails_as_the_full_decoder_does() {
+    let mut trailing = body_of(&append(3));
+    trailing.push(0);
+    let cut = body_of(&append(50));
+    let cut = &cut[..cut.len() - 10];
+    // Append: variant 1, stream = 2 bytes of non-UTF-8.
+    let bad_utf8 = [0x01, 0x02, 0xC3, 0x28, 0x01, b'p', 0x01, 0x00, 0x00];
+    for body in [&trailing[..], cut, &bad_utf8[..]] {
+        let in_place = decode_append_view(body).unwrap_err().to_string();
+        let full = decode_wire_message::<Request>(body)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(in_place, full);
+    }
+    assert_eq!(
+        decode_append_view(&trailing).unwrap_err().to_string(),
+        "malformed message: 1 bytes left over after a Request message"
+    );
+}
+
 proptest! {
+    /// Every append reads in place as the fields it was encoded from.
+    #[test]
+    fn any_append_reads_in_place_as_it_was_sent(
+        stream in "\\PC{1,20}",
+        producer in "\\PC{1,20}",
+        producer_seq in any::<u64>(),
+        event in any::<bool>(),
+        payload in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        let kind = if event { FrameKind::Event } else { FrameKind::Data };
+        let request = Request::Append(Append {
+            stream: stream.clone(),
+            producer: producer.clone(),
+            producer_seq,
+            kind,
+            payload: Bytes::from(payload.clone()),
+        });
+        let body = body_of(&request);
+        let view = decode_append_view(&body).unwrap().unwrap();
+        prop_assert_eq!(view, AppendView {
+            stream: &stream,
+            producer: &producer,
+            producer_seq,
+            kind,
+            payload: &payload,
+        });
+    }
+
+    /// Arbitrary bytes never panic the in-place reader either.
+    #[test]
+    fn arbitrary_bytes_never_panic_the_in_place_reader(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = decode_append_view(&bytes);
+    }
+
     /// Arbitrary bytes never panic the decoders; they yield messages, wait
     /// for more, or fail with a framing or parse error.
     #[test]

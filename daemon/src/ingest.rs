@@ -1,0 +1,599 @@
+//! Reading a session's requests off its socket, with appends read in place.
+//!
+//! Appends come by the thousand with the same stream and producer. Decoded
+//! one by one into [`tether_protocol::Append`] each would cost three
+//! allocations (two names and a payload). Instead [`SessionCodec`] takes
+//! every complete append already buffered as one batch: each read in place
+//! ([`AppendView`]), names shared as `Arc<str>` with the append before it,
+//! and payloads copied into one buffer per run of one stream, which the
+//! frames then slice.
+//!
+//! One buffer per run, not per batch and not the read buffer itself: a
+//! live frame held by a slow follower keeps its whole buffer alive, and
+//! follower budgets count payload bytes. A buffer holding only its own
+//! stream's frames of one batch keeps what a held frame pins to that
+//! batch's frames of the stream the follower reads.
+//!
+//! Since nothing decoded points into the bytes read, sessions need no read
+//! buffer of their own: [`SessionReader`] reads into one buffer per thread,
+//! decodes everything complete in it, and keeps only an incomplete last
+//! frame. Reads can then be large (far fewer reads and wakeups per frame
+//! for a busy producer) while a thousand idle sessions cost nothing.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tether_protocol::codec::{
+    complete_frame_len, decode_append_view, decode_wire_message, poll_frame, truncated, PREFIX_LEN,
+};
+use tether_protocol::{validate_name, Append, AppendView, Error, FrameKind, Request};
+use tokio::net::unix::OwnedReadHalf;
+use tokio_util::codec::Decoder;
+
+/// Appends taken from the buffer at once. A session gathers several such
+/// batches into one for the writer; these bound what one adds to it.
+const MAX_BATCH_FRAMES: usize = 1024;
+/// Payload bytes taken from the buffer at once (plus one frame).
+const MAX_BATCH_BYTES: usize = 16 * 1024;
+
+/// One append on its way to the writer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IngestAppend {
+    /// Shared with the other appends of the session to the same stream.
+    pub stream: Arc<str>,
+    /// Shared like `stream`.
+    pub producer: Arc<str>,
+    pub producer_seq: u64,
+    pub kind: FrameKind,
+    /// A slice of a buffer shared with the other appends of its run.
+    pub payload: Bytes,
+}
+
+impl From<Append> for IngestAppend {
+    fn from(a: Append) -> Self {
+        Self {
+            stream: a.stream.into(),
+            producer: a.producer.into(),
+            producer_seq: a.producer_seq,
+            kind: a.kind,
+            payload: a.payload,
+        }
+    }
+}
+
+impl IngestAppend {
+    /// Whether `other` comes from the same producer to the same stream.
+    /// (`Arc`'s `==` compares pointers first: shared names cost nothing.)
+    pub fn same_writer(&self, other: &Self) -> bool {
+        self.stream == other.stream && self.producer == other.producer
+    }
+}
+
+/// Checks the stream and producer names of a batch. A name shared with the
+/// append before it was checked with that one.
+pub fn validate(appends: &[IngestAppend]) -> Result<(), Error> {
+    let mut previous: Option<&IngestAppend> = None;
+    for a in appends {
+        if previous.is_none_or(|p| p.stream != a.stream) {
+            validate_name("stream", &a.stream)?;
+        }
+        if previous.is_none_or(|p| p.producer != a.producer) {
+            validate_name("producer", &a.producer)?;
+        }
+        previous = Some(a);
+    }
+    Ok(())
+}
+
+/// What a session reads: a batch of appends, or any other request.
+#[derive(Debug)]
+pub enum Incoming {
+    /// Never empty.
+    Appends(Vec<IngestAppend>),
+    Request(Request),
+}
+
+/// The daemon's side of a session: decodes [`Incoming`] (and, unlike
+/// [`tether_protocol::ServerCodec`], batches appends; see the module doc).
+#[derive(Debug)]
+pub struct SessionCodec {
+    max_frame_len: usize,
+    /// The newest stream and producer names, handed out again while the
+    /// appends keep naming them.
+    stream: Option<Arc<str>>,
+    producer: Option<Arc<str>>,
+}
+
+impl SessionCodec {
+    pub fn new(max_frame_len: usize) -> Self {
+        Self {
+            max_frame_len: max_frame_len.min(u32::MAX as usize),
+            stream: None,
+            producer: None,
+        }
+    }
+
+    /// The appends at the front of `src`, read in place, and how many
+    /// bytes they took. Stops before the first frame that is incomplete,
+    /// is not an append or is bad: the next call starts with it (so a bad
+    /// frame fails on its own, after the good ones before it are served).
+    fn views<'a>(&self, src: &'a [u8]) -> Result<(Vec<AppendView<'a>>, usize), Error> {
+        let mut views = Vec::new();
+        let (mut taken, mut bytes) = (0, 0);
+        while views.len() < MAX_BATCH_FRAMES && bytes < MAX_BATCH_BYTES {
+            let rest = &src[taken..];
+            let read = complete_frame_len(rest, self.max_frame_len).and_then(|len| match len {
+                Some(len) => Ok(decode_append_view(&rest[PREFIX_LEN..len])?.map(|v| (v, len))),
+                None => Ok(None),
+            });
+            match read {
+                Ok(Some((view, len))) => {
+                    bytes += view.payload.len();
+                    taken += len;
+                    views.push(view);
+                }
+                Ok(None) => break,
+                Err(e) if views.is_empty() => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok((views, taken))
+    }
+
+    /// Owned appends from `views`: names shared, payloads copied into one
+    /// buffer per run of one stream.
+    fn own(&mut self, views: &[AppendView<'_>]) -> Vec<IngestAppend> {
+        let mut appends = Vec::with_capacity(views.len());
+        let mut rest = views;
+        while let Some(first) = rest.first() {
+            let run_len = rest
+                .iter()
+                .position(|v| v.stream != first.stream)
+                .unwrap_or(rest.len());
+            let (run, after) = rest.split_at(run_len);
+            rest = after;
+            let mut buffer = BytesMut::with_capacity(run.iter().map(|v| v.payload.len()).sum());
+            for v in run {
+                buffer.extend_from_slice(v.payload);
+            }
+            let mut payloads = buffer.freeze();
+            for v in run {
+                appends.push(IngestAppend {
+                    stream: shared(&mut self.stream, v.stream),
+                    producer: shared(&mut self.producer, v.producer),
+                    producer_seq: v.producer_seq,
+                    kind: v.kind,
+                    payload: payloads.split_to(v.payload.len()),
+                });
+            }
+        }
+        appends
+    }
+}
+
+/// `name` as the `Arc` in `newest` when it is that name; otherwise as a new
+/// one, which becomes the newest.
+fn shared(newest: &mut Option<Arc<str>>, name: &str) -> Arc<str> {
+    match newest {
+        Some(arc) if **arc == *name => arc.clone(),
+        _ => newest.insert(Arc::from(name)).clone(),
+    }
+}
+
+impl Decoder for SessionCodec {
+    type Item = Incoming;
+    type Error = Error;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Incoming>, Error> {
+        let Some(len) = poll_frame(src, self.max_frame_len)? else {
+            return Ok(None);
+        };
+        let (views, taken) = match self.views(src) {
+            Ok(read) => read,
+            Err(e) => {
+                // Consumed whole, like the protocol's decoder does, so the
+                // buffer stays on a frame boundary.
+                src.advance(len);
+                return Err(e);
+            }
+        };
+        if views.is_empty() {
+            src.advance(PREFIX_LEN);
+            let body = src.split_to(len - PREFIX_LEN);
+            return decode_wire_message(&body).map(|r| Some(Incoming::Request(r)));
+        }
+        let appends = self.own(&views);
+        src.advance(taken);
+        Ok(Some(Incoming::Appends(appends)))
+    }
+
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Incoming>, Error> {
+        if let Some(item) = self.decode(src)? {
+            return Ok(Some(item));
+        }
+        match src.is_empty() {
+            true => Ok(None),
+            false => Err(truncated(src)),
+        }
+    }
+}
+
+/// What one read from a socket may bring.
+const READ_BYTES: usize = 32 * 1024;
+/// An incomplete frame up to this size is carried over through the thread's
+/// buffer; a longer one is read into the session's own buffer until it is
+/// complete, so that a large frame arriving slowly is not copied over and
+/// over.
+const MAX_CARRIED: usize = 4 * 1024;
+
+thread_local! {
+    /// The read buffer of every session served on this thread.
+    static SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
+/// The requests of one session, read off its socket (see the module doc).
+#[derive(Debug)]
+pub struct SessionReader {
+    socket: OwnedReadHalf,
+    codec: SessionCodec,
+    /// The start of a frame that has not all arrived yet.
+    partial: BytesMut,
+    /// Decoded and not yet taken, in order; an error is the last.
+    ready: VecDeque<Result<Incoming, Error>>,
+    /// The client closed its side (or a read failed): nothing more comes.
+    done: bool,
+}
+
+impl SessionReader {
+    pub fn new(socket: OwnedReadHalf, codec: SessionCodec) -> Self {
+        Self {
+            socket,
+            codec,
+            partial: BytesMut::new(),
+            ready: VecDeque::new(),
+            done: false,
+        }
+    }
+
+    /// The next request (or batch of appends); `None` once the client has
+    /// closed its side and everything it sent was taken. Cancel-safe: only
+    /// the wait for the socket to become readable is ever interrupted.
+    pub async fn next(&mut self) -> Option<Result<Incoming, Error>> {
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                return Some(item);
+            }
+            if self.done {
+                return None;
+            }
+            if let Err(e) = self.socket.readable().await {
+                self.fail(e.into());
+                continue;
+            }
+            self.read_and_decode();
+        }
+    }
+
+    /// One read, then everything complete decoded into `ready`.
+    fn read_and_decode(&mut self) {
+        if self.partial.len() > MAX_CARRIED {
+            let mut partial = std::mem::take(&mut self.partial);
+            self.read_into(&mut partial);
+            self.partial = partial;
+            return;
+        }
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.clear();
+            if scratch.capacity() > 4 * READ_BYTES {
+                // Grown for one large frame: not kept for every later read.
+                *scratch = BytesMut::new();
+            }
+            scratch.reserve(READ_BYTES);
+            scratch.extend_from_slice(&self.partial);
+            self.partial.clear();
+            self.read_into(scratch);
+            self.partial.extend_from_slice(scratch);
+        });
+    }
+
+    /// Reads into `buffer`, decodes what is complete and leaves the rest.
+    fn read_into(&mut self, buffer: &mut BytesMut) {
+        if buffer.len() == buffer.capacity() {
+            // A read into no room would read nothing and look like the end.
+            buffer.reserve(READ_BYTES);
+        }
+        match self.socket.try_read_buf(buffer) {
+            Ok(0) => self.done = true,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return self.fail(e.into()),
+        }
+        loop {
+            match self.codec.decode(buffer) {
+                Ok(Some(item)) => self.ready.push_back(Ok(item)),
+                Ok(None) => break,
+                Err(e) => return self.fail(e),
+            }
+        }
+        if self.done && !buffer.is_empty() {
+            let e = truncated(buffer);
+            buffer.clear();
+            self.fail(e);
+        }
+    }
+
+    /// Ends the session's requests with `e`, after those decoded before it.
+    fn fail(&mut self, e: Error) {
+        self.ready.push_back(Err(e));
+        self.done = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tether_protocol::codec::encode_frame;
+
+    use super::*;
+
+    fn append(stream: &str, producer: &str, seq: u64, payload: &[u8]) -> Request {
+        Request::Append(Append {
+            stream: stream.into(),
+            producer: producer.into(),
+            producer_seq: seq,
+            kind: FrameKind::Data,
+            payload: Bytes::copy_from_slice(payload),
+        })
+    }
+
+    fn wire(requests: &[Request]) -> BytesMut {
+        let mut src = BytesMut::new();
+        for r in requests {
+            src.extend_from_slice(&encode_frame(r).unwrap());
+        }
+        src
+    }
+
+    fn appends(incoming: Option<Incoming>) -> Vec<IngestAppend> {
+        match incoming {
+            Some(Incoming::Appends(a)) => a,
+            other => panic!("expected appends, got {other:?}"),
+        }
+    }
+
+    /// The batch as (stream, producer, producer seq, payload).
+    fn fields(batch: &[IngestAppend]) -> Vec<(&str, &str, u64, &[u8])> {
+        batch
+            .iter()
+            .map(|a| (&*a.stream, &*a.producer, a.producer_seq, &a.payload[..]))
+            .collect()
+    }
+
+    #[test]
+    fn buffered_appends_come_as_one_batch_then_the_next_request() {
+        let mut src = wire(&[
+            append("a", "p", 1, b"one"),
+            append("a", "p", 2, b""),
+            append("b", "q", 1, b"three"),
+            Request::Status,
+            append("a", "p", 3, b"four"),
+        ]);
+        let mut codec = SessionCodec::new(1024);
+        let batch = appends(codec.decode(&mut src).unwrap());
+        assert_eq!(
+            fields(&batch),
+            [
+                ("a", "p", 1, &b"one"[..]),
+                ("a", "p", 2, b""),
+                ("b", "q", 1, b"three"),
+            ]
+        );
+        assert!(matches!(
+            codec.decode(&mut src).unwrap(),
+            Some(Incoming::Request(Request::Status))
+        ));
+        let batch = appends(codec.decode(&mut src).unwrap());
+        assert_eq!(fields(&batch), [("a", "p", 3, &b"four"[..])]);
+        assert!(src.is_empty());
+        assert!(codec.decode(&mut src).unwrap().is_none());
+    }
+
+    /// The point of reading in place: one name per session while it stays
+    /// the same, one payload buffer per run of a stream.
+    #[test]
+    fn names_are_shared_and_payloads_share_one_buffer_per_run() {
+        let mut codec = SessionCodec::new(1024);
+        let mut src = wire(&[
+            append("a", "p", 1, b"xy"),
+            append("a", "p", 2, b"z"),
+            append("b", "p", 1, b"w"),
+        ]);
+        let first = appends(codec.decode(&mut src).unwrap());
+        let mut src = wire(&[append("b", "p", 2, b"v")]);
+        let second = appends(codec.decode(&mut src).unwrap());
+
+        assert!(Arc::ptr_eq(&first[0].stream, &first[1].stream));
+        assert!(Arc::ptr_eq(&first[0].producer, &first[2].producer));
+        assert!(Arc::ptr_eq(&first[2].stream, &second[0].stream));
+        // Stream a's two payloads are neighbours in one buffer; b's is not in it.
+        assert_eq!(
+            first[0].payload.as_ptr().wrapping_add(2),
+            first[1].payload.as_ptr()
+        );
+        assert_ne!(
+            first[1].payload.as_ptr().wrapping_add(1),
+            first[2].payload.as_ptr()
+        );
+    }
+
+    #[test]
+    fn an_incomplete_append_waits_for_the_rest() {
+        let whole = wire(&[append("a", "p", 1, b"one"), append("a", "p", 2, b"two")]);
+        let first_len = encode_frame(&append("a", "p", 1, b"one")).unwrap().len();
+        let mut codec = SessionCodec::new(1024);
+        let mut src = BytesMut::from(&whole[..whole.len() - 1]);
+        assert_eq!(appends(codec.decode(&mut src).unwrap()).len(), 1);
+        assert_eq!(src.len(), whole.len() - 1 - first_len);
+        assert!(codec.decode(&mut src).unwrap().is_none());
+        src.extend_from_slice(&whole[whole.len() - 1..]);
+        let batch = appends(codec.decode(&mut src).unwrap());
+        assert_eq!(fields(&batch), [("a", "p", 2, &b"two"[..])]);
+    }
+
+    /// The good appends before a bad frame are served; the bad frame then
+    /// fails on its own, with the error the protocol's decoder gives it.
+    #[test]
+    fn a_bad_frame_fails_after_the_appends_before_it() {
+        let good = encode_frame(&append("a", "p", 1, b"one")).unwrap();
+        let mut bad = encode_frame(&append("a", "p", 2, b"two")).unwrap().to_vec();
+        bad.push(0);
+        let len = u32::try_from(bad.len() - PREFIX_LEN).unwrap();
+        bad[..PREFIX_LEN].copy_from_slice(&len.to_be_bytes());
+        let mut src = BytesMut::from(&good[..]);
+        src.extend_from_slice(&bad);
+
+        let mut codec = SessionCodec::new(1024);
+        assert_eq!(appends(codec.decode(&mut src).unwrap()).len(), 1);
+        assert_eq!(
+            codec.decode(&mut src).unwrap_err().to_string(),
+            "malformed message: 1 bytes left over after a Request message"
+        );
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_payload_budget() {
+        let payload = vec![b'x'; 1000];
+        let requests: Vec<Request> = (1..=40).map(|i| append("a", "p", i, &payload)).collect();
+        let mut src = wire(&requests);
+        let mut codec = SessionCodec::new(1 << 20);
+        let mut sizes = Vec::new();
+        while !src.is_empty() {
+            sizes.push(appends(codec.decode(&mut src).unwrap()).len());
+        }
+        let full = MAX_BATCH_BYTES.div_ceil(1000);
+        assert_eq!(sizes, [full, full, 40 - 2 * full]);
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused_before_it_arrives() {
+        let mut src = wire(&[append("a", "p", 1, &[0; 100])]);
+        src.truncate(10);
+        let err = SessionCodec::new(50).decode(&mut src).unwrap_err();
+        assert!(matches!(err, Error::FrameTooLarge { max: 50, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_stream_ending_inside_a_frame_is_truncated() {
+        let whole = wire(&[append("a", "p", 1, b"one")]);
+        let mut src = BytesMut::from(&whole[..whole.len() - 2]);
+        let err = SessionCodec::new(1024).decode_eof(&mut src).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            tether_protocol::codec::truncated(&whole[..whole.len() - 2]).to_string()
+        );
+    }
+
+    /// A reader over one end of a socket pair, and the other end.
+    fn reader() -> (SessionReader, tokio::net::UnixStream) {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let (read_half, _write_half) = ours.into_split();
+        // The write half of our end is not needed; dropping it does not
+        // shut the socket down.
+        (
+            SessionReader::new(read_half, SessionCodec::new(1 << 20)),
+            theirs,
+        )
+    }
+
+    /// A frame larger than what is carried over arrives in small pieces,
+    /// with appends before and after it: all come out whole and in order.
+    #[tokio::test]
+    async fn a_large_frame_arriving_in_pieces_is_read_whole() {
+        use tokio::io::AsyncWriteExt;
+        let (mut reader, mut peer) = reader();
+        let big = vec![7u8; 3 * MAX_CARRIED + 11];
+        let bytes = wire(&[
+            append("a", "p", 1, b"one"),
+            append("a", "p", 2, &big),
+            append("a", "p", 3, b"three"),
+        ]);
+        let writer = tokio::spawn(async move {
+            for piece in bytes.chunks(1000) {
+                peer.write_all(piece).await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            peer
+        });
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            got.extend(appends(reader.next().await.map(Result::unwrap)));
+        }
+        let seqs: Vec<u64> = got.iter().map(|a| a.producer_seq).collect();
+        assert_eq!(seqs, [1, 2, 3]);
+        assert_eq!(&got[1].payload[..], &big[..]);
+        assert_eq!(&got[2].payload[..], b"three");
+        drop(writer.await.unwrap());
+        assert!(reader.next().await.is_none());
+    }
+
+    /// What arrived before a client closed inside a frame is served, then
+    /// the truncation is named, then nothing more.
+    #[tokio::test]
+    async fn a_client_closing_inside_a_frame_ends_with_truncated() {
+        use tokio::io::AsyncWriteExt;
+        let (mut reader, mut peer) = reader();
+        let bytes = wire(&[append("a", "p", 1, b"one"), append("a", "p", 2, b"two")]);
+        peer.write_all(&bytes[..bytes.len() - 3]).await.unwrap();
+        drop(peer);
+        let mut got = Vec::new();
+        let err = loop {
+            match reader.next().await {
+                Some(Ok(item)) => got.extend(appends(Some(item))),
+                Some(Err(e)) => break e,
+                None => panic!("ended without naming the truncated frame"),
+            }
+        };
+        assert_eq!(fields(&got), [("a", "p", 1, &b"one"[..])]);
+        let second = encode_frame(&append("a", "p", 2, b"two")).unwrap();
+        assert_eq!(
+            err.to_string(),
+            truncated(&second[..second.len() - 3]).to_string()
+        );
+        assert!(reader.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_clean_close_between_frames_is_the_end() {
+        use tokio::io::AsyncWriteExt;
+        let (mut reader, mut peer) = reader();
+        peer.write_all(&wire(&[Request::Status])).await.unwrap();
+        drop(peer);
+        assert!(matches!(
+            reader.next().await,
+            Some(Ok(Incoming::Request(Request::Status)))
+        ));
+        assert!(reader.next().await.is_none());
+    }
+
+    #[test]
+    fn validate_checks_each_new_name() {
+        let a = |stream: &str, producer: &str| {
+            IngestAppend::from(Append {
+                stream: stream.into(),
+                producer: producer.into(),
+                producer_seq: 1,
+                kind: FrameKind::Data,
+                payload: Bytes::new(),
+            })
+        };
+        assert!(validate(&[a("s", "p"), a("s", "p")]).is_ok());
+        let err = validate(&[a("s", "p"), a("s", "bad name")]).unwrap_err();
+        assert!(err.to_string().contains("bad name"), "{err}");
+        let err = validate(&[a("", "p")]).unwrap_err();
+        assert!(err.to_string().contains("stream"), "{err}");
+    }
+}
