@@ -293,7 +293,12 @@ impl SessionReader {
             }
             scratch.reserve(READ_BYTES);
             scratch.extend_from_slice(&self.partial);
-            self.partial.clear();
+            if self.partial.capacity() > 2 * MAX_CARRIED {
+                // Left from a large frame: a session idles with no buffer.
+                self.partial = BytesMut::new();
+            } else {
+                self.partial.clear();
+            }
             self.read_into(scratch);
             self.partial.extend_from_slice(scratch);
         });
