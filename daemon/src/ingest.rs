@@ -27,7 +27,8 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tether_protocol::codec::{
-    complete_frame_len, decode_append_view, decode_wire_message, poll_frame, truncated, PREFIX_LEN,
+    complete_frame_len, declared_frame_len, decode_append_view, decode_wire_message, truncated,
+    PREFIX_LEN,
 };
 use tether_protocol::{validate_name, Append, AppendView, Error, FrameKind, Request};
 use tokio::net::unix::OwnedReadHalf;
@@ -188,7 +189,9 @@ impl Decoder for SessionCodec {
     type Error = Error;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Incoming>, Error> {
-        let Some(len) = poll_frame(src, self.max_frame_len)? else {
+        // No reserving for an incomplete frame here: `SessionReader` knows
+        // which buffer it will finish in.
+        let Some(len) = complete_frame_len(src, self.max_frame_len)? else {
             return Ok(None);
         };
         let (views, taken) = match self.views(src) {
@@ -281,16 +284,17 @@ impl SessionReader {
     fn read_and_decode(&mut self) {
         if self.partial.len() > MAX_CARRIED {
             let mut partial = std::mem::take(&mut self.partial);
+            // Room for the whole frame (its length was checked against the
+            // limit when it started), so it is read in place to its end.
+            if let Some(total) = declared_frame_len(&partial) {
+                partial.reserve(total.saturating_sub(partial.len()));
+            }
             self.read_into(&mut partial);
             self.partial = partial;
             return;
         }
         SCRATCH.with_borrow_mut(|scratch| {
             scratch.clear();
-            if scratch.capacity() > 4 * READ_BYTES {
-                // Grown for one large frame: not kept for every later read.
-                *scratch = BytesMut::new();
-            }
             scratch.reserve(READ_BYTES);
             scratch.extend_from_slice(&self.partial);
             if self.partial.capacity() > 2 * MAX_CARRIED {

@@ -89,16 +89,23 @@ pub const PREFIX_LEN: usize = 4;
 /// before anything else, so a peer cannot make the reader wait for (or
 /// grow a buffer to) more than `max` bytes.
 pub fn complete_frame_len(src: &[u8], max: usize) -> Result<Option<usize>, Error> {
-    let Some(prefix) = src.get(..PREFIX_LEN) else {
+    let Some(total) = declared_frame_len(src) else {
         return Ok(None);
     };
-    let mut len_bytes = [0u8; PREFIX_LEN];
-    len_bytes.copy_from_slice(prefix);
-    let len = u32::from_be_bytes(len_bytes) as usize;
+    let len = total - PREFIX_LEN;
     if len > max {
         return Err(Error::FrameTooLarge { len, max });
     }
-    Ok((src.len() >= PREFIX_LEN + len).then_some(PREFIX_LEN + len))
+    Ok((src.len() >= total).then_some(total))
+}
+
+/// The length, prefix included, that the first frame in `src` says it has
+/// (not checked against any limit); `None` until its prefix has arrived.
+pub fn declared_frame_len(src: &[u8]) -> Option<usize> {
+    let prefix = src.get(..PREFIX_LEN)?;
+    let mut len_bytes = [0u8; PREFIX_LEN];
+    len_bytes.copy_from_slice(prefix);
+    Some(PREFIX_LEN + u32::from_be_bytes(len_bytes) as usize)
 }
 
 /// [`complete_frame_len`] for a decoder's buffer: while the frame is
@@ -106,11 +113,10 @@ pub fn complete_frame_len(src: &[u8], max: usize) -> Result<Option<usize>, Error
 /// needs, which keeps one read per frame without trusting the peer further.
 pub fn poll_frame(src: &mut BytesMut, max: usize) -> Result<Option<usize>, Error> {
     let complete = complete_frame_len(src, max)?;
-    if complete.is_none() && src.len() >= PREFIX_LEN {
-        let mut len_bytes = [0u8; PREFIX_LEN];
-        len_bytes.copy_from_slice(&src[..PREFIX_LEN]);
-        let needed = PREFIX_LEN + u32::from_be_bytes(len_bytes) as usize;
-        src.reserve(needed.saturating_sub(src.len()));
+    if complete.is_none() {
+        if let Some(total) = declared_frame_len(src) {
+            src.reserve(total.saturating_sub(src.len()));
+        }
     }
     Ok(complete)
 }
@@ -118,17 +124,9 @@ pub fn poll_frame(src: &mut BytesMut, max: usize) -> Result<Option<usize>, Error
 /// The error for a stream that ended inside a frame (`src` holds what
 /// arrived of it): names how much of it arrived.
 pub fn truncated(src: &[u8]) -> Error {
-    let expected = match src.get(..PREFIX_LEN) {
-        Some(prefix) => {
-            let mut len_bytes = [0u8; PREFIX_LEN];
-            len_bytes.copy_from_slice(prefix);
-            PREFIX_LEN + u32::from_be_bytes(len_bytes) as usize
-        }
-        None => PREFIX_LEN,
-    };
     Error::Truncated {
         received: src.len(),
-        expected,
+        expected: declared_frame_len(src).unwrap_or(PREFIX_LEN),
     }
 }
 
