@@ -99,6 +99,7 @@ pub enum Incoming {
 
 /// The daemon's side of a session: decodes [`Incoming`] (and, unlike
 /// [`tether_protocol::ServerCodec`], batches appends; see the module doc).
+/// The end of the stream is [`SessionReader`]'s to judge.
 #[derive(Debug)]
 pub struct SessionCodec {
     max_frame_len: usize,
@@ -211,16 +212,6 @@ impl Decoder for SessionCodec {
         let appends = self.own(&views);
         src.advance(taken);
         Ok(Some(Incoming::Appends(appends)))
-    }
-
-    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Incoming>, Error> {
-        if let Some(item) = self.decode(src)? {
-            return Ok(Some(item));
-        }
-        match src.is_empty() {
-            true => Ok(None),
-            false => Err(truncated(src)),
-        }
     }
 }
 
@@ -493,17 +484,6 @@ mod tests {
         src.truncate(10);
         let err = SessionCodec::new(50).decode(&mut src).unwrap_err();
         assert!(matches!(err, Error::FrameTooLarge { max: 50, .. }), "{err}");
-    }
-
-    #[test]
-    fn a_stream_ending_inside_a_frame_is_truncated() {
-        let whole = wire(&[append("a", "p", 1, b"one")]);
-        let mut src = BytesMut::from(&whole[..whole.len() - 2]);
-        let err = SessionCodec::new(1024).decode_eof(&mut src).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            tether_protocol::codec::truncated(&whole[..whole.len() - 2]).to_string()
-        );
     }
 
     /// A reader over one end of a socket pair, and the other end.
