@@ -228,17 +228,25 @@ thread_local! {
     static SCRATCH: RefCell<BytesMut> = RefCell::new(BytesMut::new());
 }
 
+/// Decoded items a session holds at most. A read of many tiny requests
+/// decodes into far more memory than it took on the wire; what is beyond
+/// this stays undecoded in the session's own buffer until it is taken.
+const MAX_READY: usize = 64;
+
 /// The requests of one session, read off its socket (see the module doc).
 #[derive(Debug)]
 pub struct SessionReader {
     socket: OwnedReadHalf,
     codec: SessionCodec,
-    /// The start of a frame that has not all arrived yet.
+    /// What was read and not yet decoded: usually nothing, or the start of
+    /// a frame that has not all arrived.
     partial: BytesMut,
-    /// Decoded and not yet taken, in order; an error is the last.
+    /// Decoded and not yet taken, in order.
     ready: VecDeque<Result<Incoming, Error>>,
-    /// The client closed its side (or a read failed): nothing more comes.
-    done: bool,
+    /// The client closed its side.
+    eof: bool,
+    /// A read or a frame failed; the error is the last item in `ready`.
+    failed: bool,
 }
 
 impl SessionReader {
@@ -248,20 +256,38 @@ impl SessionReader {
             codec,
             partial: BytesMut::new(),
             ready: VecDeque::new(),
-            done: false,
+            eof: false,
+            failed: false,
         }
     }
 
     /// The next request (or batch of appends); `None` once the client has
-    /// closed its side and everything it sent was taken. Cancel-safe: only
-    /// the wait for the socket to become readable is ever interrupted.
+    /// closed its side and everything it sent was taken, or after an error.
+    /// Cancel-safe: only the wait for the socket to become readable is ever
+    /// interrupted.
     pub async fn next(&mut self) -> Option<Result<Incoming, Error>> {
         loop {
             if let Some(item) = self.ready.pop_front() {
                 return Some(item);
             }
-            if self.done {
+            if self.failed {
                 return None;
+            }
+            // Frames left from an earlier read come before any more reading.
+            let mut partial = std::mem::take(&mut self.partial);
+            self.decode(&mut partial);
+            self.partial = partial;
+            if !self.ready.is_empty() {
+                continue;
+            }
+            if self.eof {
+                if self.partial.is_empty() {
+                    return None;
+                }
+                let e = truncated(&self.partial);
+                self.partial.clear();
+                self.fail(e);
+                continue;
             }
             if let Err(e) = self.socket.readable().await {
                 self.fail(e.into());
@@ -271,7 +297,7 @@ impl SessionReader {
         }
     }
 
-    /// One read, then everything complete decoded into `ready`.
+    /// One read, then what is complete decoded into `ready`.
     fn read_and_decode(&mut self) {
         if self.partial.len() > MAX_CARRIED {
             let mut partial = std::mem::take(&mut self.partial);
@@ -299,36 +325,37 @@ impl SessionReader {
         });
     }
 
-    /// Reads into `buffer`, decodes what is complete and leaves the rest.
+    /// Reads into `buffer`, then decodes from it.
     fn read_into(&mut self, buffer: &mut BytesMut) {
         if buffer.len() == buffer.capacity() {
             // A read into no room would read nothing and look like the end.
             buffer.reserve(READ_BYTES);
         }
         match self.socket.try_read_buf(buffer) {
-            Ok(0) => self.done = true,
+            Ok(0) => self.eof = true,
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return self.fail(e.into()),
         }
-        loop {
+        self.decode(buffer);
+    }
+
+    /// Decodes the complete frames at the front of `buffer` into `ready`,
+    /// while it has room.
+    fn decode(&mut self, buffer: &mut BytesMut) {
+        while !self.failed && self.ready.len() < MAX_READY {
             match self.codec.decode(buffer) {
                 Ok(Some(item)) => self.ready.push_back(Ok(item)),
                 Ok(None) => break,
-                Err(e) => return self.fail(e),
+                Err(e) => self.fail(e),
             }
-        }
-        if self.done && !buffer.is_empty() {
-            let e = truncated(buffer);
-            buffer.clear();
-            self.fail(e);
         }
     }
 
     /// Ends the session's requests with `e`, after those decoded before it.
     fn fail(&mut self, e: Error) {
         self.ready.push_back(Err(e));
-        self.done = true;
+        self.failed = true;
     }
 }
 
@@ -553,6 +580,31 @@ mod tests {
             truncated(&second[..second.len() - 3]).to_string()
         );
         assert!(reader.next().await.is_none());
+    }
+
+    /// Many tiny requests in one read are decoded a few at a time, all
+    /// served in order, the rest kept undecoded in the meantime.
+    #[tokio::test]
+    async fn a_flood_of_tiny_requests_is_decoded_a_few_at_a_time() {
+        use tokio::io::AsyncWriteExt;
+        let (mut reader, mut peer) = reader();
+        let flood: Vec<Request> = (0..1000)
+            .map(|i| match i % 2 {
+                0 => Request::Status,
+                _ => Request::ListStreams,
+            })
+            .collect();
+        peer.write_all(&wire(&flood)).await.unwrap();
+        drop(peer);
+        let mut got = Vec::new();
+        while let Some(item) = reader.next().await {
+            assert!(reader.ready.len() < MAX_READY);
+            match item.unwrap() {
+                Incoming::Request(r) => got.push(r),
+                other => panic!("expected a request, got {other:?}"),
+            }
+        }
+        assert_eq!(got, flood);
     }
 
     #[tokio::test]
