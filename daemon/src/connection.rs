@@ -281,6 +281,8 @@ impl Session {
     async fn dispatch(&mut self, request: Request) -> Result<(), Refusal> {
         self.authorize(&request)?;
         match request {
+            // `SessionCodec` hands appends over as batches; an `Append`
+            // here would come from another decoder, and is served the same.
             Request::Append(append) => self.start_appends(vec![append.into()]).await,
             Request::DurableAck(ack) => self.start_ack(ack),
             other => {
