@@ -126,12 +126,7 @@ impl SessionCodec {
         let mut views = Vec::new();
         let (mut taken, mut bytes) = (0, 0);
         while views.len() < MAX_BATCH_FRAMES && bytes < MAX_BATCH_BYTES {
-            let rest = &src[taken..];
-            let read = complete_frame_len(rest, self.max_frame_len).and_then(|len| match len {
-                Some(len) => Ok(decode_append_view(&rest[PREFIX_LEN..len])?.map(|v| (v, len))),
-                None => Ok(None),
-            });
-            match read {
+            match next_append(&src[taken..], self.max_frame_len) {
                 Ok(Some((view, len))) => {
                     bytes += view.payload.len();
                     taken += len;
@@ -174,6 +169,15 @@ impl SessionCodec {
         }
         appends
     }
+}
+
+/// The append at the front of `src` and its length on the wire; `Ok(None)`
+/// when the first frame is incomplete or is another request.
+fn next_append(src: &[u8], max_frame_len: usize) -> Result<Option<(AppendView<'_>, usize)>, Error> {
+    let Some(len) = complete_frame_len(src, max_frame_len)? else {
+        return Ok(None);
+    };
+    Ok(decode_append_view(&src[PREFIX_LEN..len])?.map(|view| (view, len)))
 }
 
 /// `name` as the `Arc` in `newest` when it is that name; otherwise as a new

@@ -103,7 +103,7 @@ impl Default for QueueOptions {
     }
 }
 
-/// The result of one [`Append`].
+/// The result of one [`IngestAppend`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppendOutcome {
     pub stream: Arc<str>,

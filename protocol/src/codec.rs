@@ -8,7 +8,7 @@
 use std::marker::PhantomData;
 
 use bytes::{Buf, BufMut, BytesMut};
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio_util::codec::{Decoder, Encoder};
 
 use crate::{AppendView, Error, Message, Request, Response, DEFAULT_MAX_FRAME_LEN};
@@ -142,14 +142,20 @@ impl<In, Out: Serialize> Encoder<Out> for Codec<In, Out> {
 /// must be the message: bytes left over mean a layout this build does not
 /// know, which must not pass for the message it happens to begin with.
 pub fn decode_message<T: DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
-    let (message, rest) = postcard::take_from_bytes(body).map_err(Error::Malformed)?;
+    take_whole(body, short_type_name::<T>())
+}
+
+/// `body` parsed as one `T`, which must take all of it; `message` is how a
+/// refusal of leftover bytes names it.
+fn take_whole<'a, T: Deserialize<'a>>(body: &'a [u8], message: &'static str) -> Result<T, Error> {
+    let (value, rest) = postcard::take_from_bytes(body).map_err(Error::Malformed)?;
     if !rest.is_empty() {
         return Err(Error::TrailingBytes {
-            message: short_type_name::<T>(),
+            message,
             extra: rest.len(),
         });
     }
-    Ok(message)
+    Ok(value)
 }
 
 /// Parses one [`Message`] body, like [`decode_message`], and names an
@@ -167,14 +173,7 @@ pub fn decode_wire_message<T: Message>(body: &[u8]) -> Result<T, Error> {
 pub fn decode_append_view(body: &[u8]) -> Result<Option<AppendView<'_>>, Error> {
     match postcard::take_from_bytes::<u32>(body) {
         Ok((Request::APPEND_KIND, rest)) => {
-            let (view, rest) = postcard::take_from_bytes(rest).map_err(Error::Malformed)?;
-            match rest.is_empty() {
-                true => Ok(Some(view)),
-                false => Err(Error::TrailingBytes {
-                    message: short_type_name::<Request>(),
-                    extra: rest.len(),
-                }),
-            }
+            take_whole(rest, short_type_name::<Request>()).map(Some)
         }
         _ => Ok(None),
     }
