@@ -142,16 +142,20 @@ impl<In, Out: Serialize> Encoder<Out> for Codec<In, Out> {
 /// must be the message: bytes left over mean a layout this build does not
 /// know, which must not pass for the message it happens to begin with.
 pub fn decode_message<T: DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
-    take_whole(body, short_type_name::<T>())
+    take_whole(body, short_type_name::<T>)
 }
 
-/// `body` parsed as one `T`, which must take all of it; `message` is how a
-/// refusal of leftover bytes names it.
-fn take_whole<'a, T: Deserialize<'a>>(body: &'a [u8], message: &'static str) -> Result<T, Error> {
+/// `body` parsed as one `T`, which must take all of it; `message` says how a
+/// refusal of leftover bytes names it. A function, because working the name
+/// out costs a string search that every frame would otherwise pay.
+fn take_whole<'a, T: Deserialize<'a>>(
+    body: &'a [u8],
+    message: fn() -> &'static str,
+) -> Result<T, Error> {
     let (value, rest) = postcard::take_from_bytes(body).map_err(Error::Malformed)?;
     if !rest.is_empty() {
         return Err(Error::TrailingBytes {
-            message,
+            message: message(),
             extra: rest.len(),
         });
     }
@@ -172,9 +176,7 @@ pub fn decode_wire_message<T: Message>(body: &[u8]) -> Result<T, Error> {
 /// request (or no request at all), which that function then decodes.
 pub fn decode_append_view(body: &[u8]) -> Result<Option<AppendView<'_>>, Error> {
     match postcard::take_from_bytes::<u32>(body) {
-        Ok((Request::APPEND_KIND, rest)) => {
-            take_whole(rest, short_type_name::<Request>()).map(Some)
-        }
+        Ok((Request::APPEND_KIND, rest)) => take_whole(rest, short_type_name::<Request>).map(Some),
         _ => Ok(None),
     }
 }
