@@ -279,11 +279,14 @@ impl Session {
 
     /// Handles one request other than an append.
     async fn dispatch(&mut self, request: Request) -> Result<(), Refusal> {
+        if let Request::Append(append) = request {
+            // `SessionCodec` hands appends over as batches; an `Append`
+            // here would come from another decoder, and is served (and
+            // authorized) the same.
+            return self.start_appends(vec![append.into()]).await;
+        }
         self.authorize(&request)?;
         match request {
-            // `SessionCodec` hands appends over as batches; an `Append`
-            // here would come from another decoder, and is served the same.
-            Request::Append(append) => self.start_appends(vec![append.into()]).await,
             Request::DurableAck(ack) => self.start_ack(ack),
             other => {
                 // Keep answers in request order: finish the pipeline first.
@@ -301,21 +304,27 @@ impl Session {
         if let Err(why) = self.peer.permits(request) {
             return Err(Refusal::new(ErrorCode::PERMISSION_DENIED, why));
         }
-        if !access::is_control(request) {
-            return Ok(());
+        if access::is_control(request) {
+            // Appends never come here: see `authorize_appends`.
+            let per_frame = matches!(request, Request::DurableAck(_));
+            self.log_control(request.name(), control_target(request), per_frame);
         }
-        let per_frame = matches!(request, Request::Append(_) | Request::DurableAck(_));
+        Ok(())
+    }
+
+    /// Logs a control request, naming the peer's uid and pid. Requests that
+    /// come by the thousand (`per_frame`) are logged once a session.
+    fn log_control(&mut self, request: &str, target: &str, per_frame: bool) {
         if per_frame && std::mem::replace(&mut self.logged_writes, true) {
-            return Ok(());
+            return;
         }
         tracing::info!(
             uid = self.peer.uid(),
             pid = self.peer.pid(),
-            request = request.name(),
-            target = control_target(request),
+            request,
+            target,
             "control request"
         );
-        Ok(())
     }
 
     /// Adds to `batch` the appends already waiting on the socket (reading
@@ -357,15 +366,8 @@ impl Session {
         if let Err(why) = self.peer.permits_appends() {
             return Err(Refusal::new(ErrorCode::PERMISSION_DENIED, why));
         }
-        if !std::mem::replace(&mut self.logged_writes, true) {
-            tracing::info!(
-                uid = self.peer.uid(),
-                pid = self.peer.pid(),
-                request = "Append",
-                target = batch.first().map_or("", |a| &*a.stream),
-                "control request"
-            );
-        }
+        let target = batch.first().map_or("", |a| &*a.stream);
+        self.log_control("Append", target, true);
         Ok(())
     }
 
@@ -831,7 +833,6 @@ fn control_target(request: &Request) -> &str {
         Request::Run(spec) => spec.name.as_deref().unwrap_or(""),
         Request::Stop { execution, .. } | Request::StepPut { execution, .. } => execution,
         Request::CheckpointSave(save) => &save.execution,
-        Request::Append(append) => &append.stream,
         _ => "",
     }
 }
