@@ -32,7 +32,7 @@ use tether_protocol::{
     ErrorFrame, Hello, HelloOk, Request, Response, ServerCodec, ShimHello, StartAt, StatusInfo,
     Subscribe, Subscribed, WorkerExited, PROTOCOL_VERSION,
 };
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -43,7 +43,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::access::{self, Peer};
 use crate::ingest::{Incoming, IngestAppend, SessionCodec, SessionReader};
 use crate::queue::{AppendOutcome, Queue};
-use crate::subscription::{SubEvent, Subscription};
+use crate::subscription::{SubEvent, Subscription, WireForm};
 use crate::supervisor::Supervisor;
 use crate::{Config, Error};
 
@@ -612,6 +612,10 @@ impl Session {
         first_seq: u64,
         last_seq: u64,
     ) -> Result<(), Refusal> {
+        sub.encode_stored(match self.durable {
+            true => WireForm::Durable,
+            false => WireForm::Live,
+        });
         let (tx, events) = mpsc::channel(SUBSCRIPTION_BACKLOG);
         let pump = tokio::spawn(async move {
             loop {
@@ -649,6 +653,16 @@ impl Session {
                     self.out.feed(message).await.map_err(write_failed)?;
                 }
                 self.out.flush().await.map_err(write_failed)
+            }
+            Some(Ok(SubEvent::Encoded { wire, .. })) => {
+                // Whatever the codec holds goes first; the read's frames
+                // then go to the socket as they are.
+                self.out.flush().await.map_err(write_failed)?;
+                self.out
+                    .get_mut()
+                    .write_all(&wire)
+                    .await
+                    .map_err(|e| write_failed(e.into()))
             }
             // A plain (non-durable) client has no seqs to make sense of a
             // gap; it simply sees the next live frame.

@@ -152,12 +152,62 @@ pub struct Snapshot {
 /// Frames read from one stream in one read transaction, with the stream's
 /// retained range as that same transaction saw it.
 #[derive(Debug)]
-pub struct ReadChunk {
+pub struct ReadChunk<S = Vec<(u64, Frame)>> {
     pub first_seq: u64,
     pub last_seq: u64,
-    /// Contiguous, ascending, starting at the requested seq; empty when the
-    /// requested seq is below `first_seq` or beyond what may be read.
-    pub frames: Vec<(u64, Frame)>,
+    /// Contiguous, ascending, starting at the requested seq; nothing when
+    /// the requested seq is below `first_seq` or beyond what may be read.
+    pub frames: S,
+}
+
+/// What a store read hands the frames it finds to, a chunk's worth at a
+/// time. Taking them as ranges of the stored chunk lets a reader that only
+/// passes them on (replay encoding them for the socket) copy each payload
+/// once, straight from the store's page.
+pub trait FrameSink {
+    /// Takes `frames`, the wanted frames of `chunk` in seq order (never
+    /// empty, and contiguous with those taken before).
+    fn take(&mut self, chunk: &[u8], frames: &[StoredFrame]) -> Result<()>;
+}
+
+/// One frame found in a stored chunk; its payload is a range of the chunk
+/// (checked to lie within it).
+#[derive(Debug)]
+pub struct StoredFrame {
+    pub seq: u64,
+    pub ts_micros: u64,
+    pub kind: FrameKind,
+    pub payload: std::ops::Range<usize>,
+}
+
+/// Frames as values: the payloads of one chunk share one copy of the part
+/// of the chunk they span.
+impl FrameSink for Vec<(u64, Frame)> {
+    fn take(&mut self, chunk: &[u8], frames: &[StoredFrame]) -> Result<()> {
+        let (Some(lo), Some(hi)) = (frames.first(), frames.last()) else {
+            return Ok(());
+        };
+        let base = lo.payload.start;
+        let span = chunk.get(base..hi.payload.end).ok_or_else(|| {
+            Error::Storage(format!(
+                "frames {}..={} lie outside their chunk",
+                lo.seq, hi.seq
+            ))
+        })?;
+        let shared = Bytes::copy_from_slice(span);
+        self.extend(frames.iter().map(|f| {
+            let payload = shared.slice(f.payload.start - base..f.payload.end - base);
+            (
+                f.seq,
+                Frame {
+                    ts_micros: f.ts_micros,
+                    kind: f.kind,
+                    payload,
+                },
+            )
+        }));
+        Ok(())
+    }
 }
 
 /// Bounds on one [`Store::read_frames`] call. At least one frame is returned
@@ -434,16 +484,29 @@ impl Store {
         from_seq: u64,
         limits: ReadLimits,
     ) -> Result<ReadChunk> {
-        self.read_in(|txn| self.read_frames_in(txn, stream, from_seq, limits))
+        self.read_frames_into(stream, from_seq, limits, Vec::new)
     }
 
-    fn read_frames_in(
+    /// [`Store::read_frames`], handing the frames to a sink from `new_sink`
+    /// (called again if the read is retried on a reopened store).
+    pub fn read_frames_into<S: FrameSink>(
+        &self,
+        stream: &str,
+        from_seq: u64,
+        limits: ReadLimits,
+        new_sink: impl Fn() -> S,
+    ) -> Result<ReadChunk<S>> {
+        self.read_in(|txn| self.read_frames_in(txn, stream, from_seq, limits, new_sink()))
+    }
+
+    fn read_frames_in<S: FrameSink>(
         &self,
         txn: &ReadTransaction,
         stream: &str,
         from_seq: u64,
         limits: ReadLimits,
-    ) -> Result<ReadChunk> {
+        sink: S,
+    ) -> Result<ReadChunk<S>> {
         let meta = txn
             .open_table(STREAMS)
             .map_err(|e| self.fail(e))?
@@ -455,7 +518,7 @@ impl Store {
         let mut chunk = ReadChunk {
             first_seq: meta.first_seq,
             last_seq: meta.last_seq,
-            frames: Vec::new(),
+            frames: sink,
         };
         let through = limits.through_seq.min(meta.last_seq);
         if from_seq < meta.first_seq || from_seq > through {
@@ -471,7 +534,9 @@ impl Store {
             next_seq: from_seq,
             through,
             limits,
+            frames: 0,
             bytes: 0,
+            wanted: Vec::new(),
         };
         for item in range {
             let (key, value) = item.map_err(|e| self.fail(e))?;
@@ -486,7 +551,7 @@ impl Store {
                 break;
             }
         }
-        if chunk.frames.is_empty() {
+        if reader.frames == 0 {
             return Err(Error::Storage(format!(
                 "stream {stream:?} is missing frame {from_seq} (retained {}..={})",
                 meta.first_seq, meta.last_seq
@@ -1220,15 +1285,6 @@ fn chunk_from(
     Ok(out)
 }
 
-/// One frame found in a chunk; its payload is a range of the chunk.
-#[derive(Debug)]
-struct ChunkFrame {
-    seq: u64,
-    ts_micros: u64,
-    kind: FrameKind,
-    payload: std::ops::Range<usize>,
-}
-
 /// The frames of a chunk in order, without copying anything.
 #[derive(Debug)]
 struct ChunkIter<'a> {
@@ -1249,7 +1305,7 @@ impl<'a> ChunkIter<'a> {
         })
     }
 
-    fn read(&mut self) -> std::result::Result<ChunkFrame, postcard::Error> {
+    fn read(&mut self) -> std::result::Result<StoredFrame, postcard::Error> {
         let rest = self
             .chunk
             .get(self.pos..)
@@ -1262,7 +1318,7 @@ impl<'a> ChunkIter<'a> {
             .filter(|&end| end <= self.chunk.len())
             .ok_or(postcard::Error::DeserializeUnexpectedEnd)?;
         self.pos = end;
-        Ok(ChunkFrame {
+        Ok(StoredFrame {
             seq: self.next_seq,
             ts_micros: head.ts_micros,
             kind: head.kind,
@@ -1272,7 +1328,7 @@ impl<'a> ChunkIter<'a> {
 }
 
 impl Iterator for ChunkIter<'_> {
-    type Item = std::result::Result<ChunkFrame, postcard::Error>;
+    type Item = std::result::Result<StoredFrame, postcard::Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.remaining == 0 {
@@ -1286,23 +1342,26 @@ impl Iterator for ChunkIter<'_> {
     }
 }
 
-/// Gathers frames for one [`Store::read_frames`] call, chunk after chunk.
+/// Gathers frames for one [`Store::read_frames_into`] call, chunk after
+/// chunk.
 struct ChunkReader<'s> {
     stream: &'s str,
     next_seq: u64,
     through: u64,
     limits: ReadLimits,
-    /// Payload bytes gathered so far.
+    /// Frames and payload bytes gathered so far.
+    frames: usize,
     bytes: usize,
+    /// The wanted frames of the chunk at hand; kept for the next chunk's.
+    wanted: Vec<StoredFrame>,
 }
 
 impl ChunkReader<'_> {
-    /// Appends the wanted frames of `chunk` (first seq `first`) to `out`;
-    /// true when the read is complete. The payloads share one copy of the
-    /// part of the chunk they span.
-    fn take(&mut self, first: u64, chunk: &[u8], out: &mut Vec<(u64, Frame)>) -> Result<bool> {
+    /// Hands the wanted frames of `chunk` (first seq `first`) to `sink`;
+    /// true when the read is complete.
+    fn take(&mut self, first: u64, chunk: &[u8], sink: &mut impl FrameSink) -> Result<bool> {
         let corrupt = |e: &postcard::Error| corrupt_frame(self.stream, first, e);
-        let mut wanted = Vec::new();
+        self.wanted.clear();
         let mut done = false;
         for f in ChunkIter::new(first, chunk).map_err(|e| corrupt(&e))? {
             let f = f.map_err(|e| corrupt(&e))?;
@@ -1314,32 +1373,18 @@ impl ChunkReader<'_> {
                 break;
             }
             self.bytes += f.payload.len();
+            self.frames += 1;
             self.next_seq = f.seq + 1;
-            wanted.push(f);
-            if out.len() + wanted.len() >= self.limits.max_frames
-                || self.bytes >= self.limits.max_bytes
-            {
+            self.wanted.push(f);
+            if self.frames >= self.limits.max_frames || self.bytes >= self.limits.max_bytes {
                 done = true;
                 break;
             }
         }
         done |= self.next_seq > self.through;
-        let (Some(lo), Some(hi)) = (wanted.first(), wanted.last()) else {
-            return Ok(done);
-        };
-        let base = lo.payload.start;
-        let shared = Bytes::copy_from_slice(&chunk[base..hi.payload.end]);
-        out.extend(wanted.into_iter().map(|f| {
-            let payload = shared.slice(f.payload.start - base..f.payload.end - base);
-            (
-                f.seq,
-                Frame {
-                    ts_micros: f.ts_micros,
-                    kind: f.kind,
-                    payload,
-                },
-            )
-        }));
+        if !self.wanted.is_empty() {
+            sink.take(chunk, &self.wanted)?;
+        }
         Ok(done)
     }
 }
@@ -1404,7 +1449,7 @@ mod tests {
         chunk.push(&frame(b"hello \x00 world")).unwrap();
         chunk.push(&frame(b"")).unwrap();
         let bytes = chunk.finish();
-        let frames: Vec<ChunkFrame> = ChunkIter::new(5, &bytes)
+        let frames: Vec<StoredFrame> = ChunkIter::new(5, &bytes)
             .unwrap()
             .map(|f| f.unwrap())
             .collect();

@@ -17,10 +17,12 @@
 
 use std::sync::Arc;
 
+use bytes::{Bytes, BytesMut};
+use tether_protocol::codec::{encode_durable, encode_live};
 use tether_protocol::{Frame, Gap};
 
 use crate::hub::{Hub, Registration};
-use crate::store::{ReadChunk, ReadLimits, Store};
+use crate::store::{FrameSink, ReadChunk, ReadLimits, Store, StoredFrame};
 use crate::{Error, Result};
 
 /// Frames read from the store at once, at most.
@@ -35,12 +37,28 @@ pub enum SubEvent {
     /// Stored frames with their seqs: non-empty, ascending, contiguous, and
     /// starting at the seq after the previous event's last.
     Frames(Vec<(u64, Frame)>),
+    /// Frames like [`SubEvent::Frames`], read from the store and already
+    /// encoded in the subscription's [`WireForm`]: what the session writes
+    /// to its socket as it is. `last_seq` is the last one's seq.
+    Encoded { wire: Bytes, last_seq: u64 },
     /// Frames from `requested` were compacted or expired; the next frame
     /// delivered is `first_available`.
     Gap(Gap),
     /// A non-following subscription delivered everything through
     /// `last_seq`. Every later call returns it again.
     End { last_seq: u64 },
+}
+
+/// How a session sends frames: store reads of a subscription given one are
+/// encoded as they are read ([`SubEvent::Encoded`]), so that replay copies
+/// each payload once, from the store's page to the socket's buffer, on the
+/// thread that reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireForm {
+    /// `Response::Durable`, with seqs.
+    Durable,
+    /// `Response::Live`, without.
+    Live,
 }
 
 /// A durable subscription to one stream. See the module documentation.
@@ -58,6 +76,8 @@ pub struct Subscription {
     /// The most bytes ever queued to any of this subscription's
     /// registrations; kept across re-registrations.
     peak_queued: usize,
+    /// When set, store reads come out encoded.
+    wire: Option<WireForm>,
 }
 
 impl Subscription {
@@ -78,7 +98,13 @@ impl Subscription {
             end,
             live: None,
             peak_queued: 0,
+            wire: None,
         }
+    }
+
+    /// Has store reads delivered encoded in `form` from now on.
+    pub fn encode_stored(&mut self, form: WireForm) {
+        self.wire = Some(form);
     }
 
     /// A following subscription that starts at an existing registration,
@@ -171,7 +197,7 @@ impl Subscription {
         match fresh.first() {
             // Everything in it was already delivered from the store.
             None => None,
-            Some((seq, _)) if *seq == self.next_seq => Some(self.deliver(fresh)),
+            Some((seq, _)) if *seq == self.next_seq => self.deliver(fresh),
             Some(_) => {
                 // A hole between what was delivered and the live batch:
                 // the store has the missing frames.
@@ -190,17 +216,26 @@ impl Subscription {
     /// Reads the next chunk from the store. `Ok(None)` means the store has
     /// nothing after the next seq yet.
     async fn read_store(&mut self) -> Result<Option<SubEvent>> {
-        let chunk = self.read_chunk().await?;
-        if self.next_seq < chunk.first_seq {
+        let (first_seq, read) = match self.wire {
+            None => {
+                let chunk = self.read_chunk(Vec::new).await?;
+                (chunk.first_seq, self.deliver(chunk.frames))
+            }
+            Some(form) => {
+                let chunk = self.read_chunk(move || WireFrames::new(form)).await?;
+                (chunk.first_seq, self.deliver_encoded(chunk.frames))
+            }
+        };
+        if self.next_seq < first_seq {
             let gap = Gap {
                 requested: self.next_seq,
-                first_available: chunk.first_seq,
+                first_available: first_seq,
             };
-            self.next_seq = chunk.first_seq;
+            self.next_seq = first_seq;
             return Ok(Some(SubEvent::Gap(gap)));
         }
-        if !chunk.frames.is_empty() {
-            return Ok(Some(self.deliver(chunk.frames)));
+        if read.is_some() {
+            return Ok(read);
         }
         if let Some(end) = self.end {
             // Unreachable while `end` is at most the stream's last seq, as
@@ -221,7 +256,10 @@ impl Subscription {
         Ok(None)
     }
 
-    async fn read_chunk(&self) -> Result<ReadChunk> {
+    async fn read_chunk<S: FrameSink + Send + 'static>(
+        &self,
+        new_sink: impl Fn() -> S + Send + 'static,
+    ) -> Result<ReadChunk<S>> {
         let store = self.store.clone();
         let stream = self.stream.clone();
         let from = self.next_seq;
@@ -230,15 +268,62 @@ impl Subscription {
             max_bytes: READ_MAX_BYTES,
             through_seq: self.end.unwrap_or(u64::MAX),
         };
-        tokio::task::spawn_blocking(move || store.read_frames(&stream, from, limits))
+        tokio::task::spawn_blocking(move || store.read_frames_into(&stream, from, limits, new_sink))
             .await
             .map_err(|e| Error::Storage(format!("store read task failed: {e}")))?
     }
 
-    fn deliver(&mut self, frames: Vec<(u64, Frame)>) -> SubEvent {
-        if let Some((last, _)) = frames.last() {
-            self.next_seq = last + 1;
+    /// The event for `frames`, `None` when there are none.
+    fn deliver(&mut self, frames: Vec<(u64, Frame)>) -> Option<SubEvent> {
+        let (last, _) = frames.last()?;
+        self.next_seq = last + 1;
+        Some(SubEvent::Frames(frames))
+    }
+
+    fn deliver_encoded(&mut self, frames: WireFrames) -> Option<SubEvent> {
+        let last_seq = frames.last_seq?;
+        self.next_seq = last_seq + 1;
+        Some(SubEvent::Encoded {
+            wire: frames.wire.freeze(),
+            last_seq,
+        })
+    }
+}
+
+/// Stored frames encoded for the socket as they are read.
+#[derive(Debug)]
+struct WireFrames {
+    form: WireForm,
+    wire: BytesMut,
+    last_seq: Option<u64>,
+}
+
+impl WireFrames {
+    fn new(form: WireForm) -> Self {
+        Self {
+            form,
+            // One read's worth: the payload limit plus the frames' heads.
+            wire: BytesMut::with_capacity(READ_MAX_BYTES + READ_MAX_FRAMES * 32),
+            last_seq: None,
         }
-        SubEvent::Frames(frames)
+    }
+}
+
+impl FrameSink for WireFrames {
+    fn take(&mut self, chunk: &[u8], frames: &[StoredFrame]) -> Result<()> {
+        for f in frames {
+            let payload = chunk.get(f.payload.clone()).ok_or_else(|| {
+                Error::Storage(format!("frame {} lies outside its stored chunk", f.seq))
+            })?;
+            match self.form {
+                WireForm::Durable => {
+                    encode_durable(f.seq, f.ts_micros, f.kind, payload, &mut self.wire)
+                }
+                WireForm::Live => encode_live(f.ts_micros, f.kind, payload, &mut self.wire),
+            }
+            .map_err(|e| Error::Storage(format!("frame {} cannot be sent: {e}", f.seq)))?;
+            self.last_seq = Some(f.seq);
+        }
+        Ok(())
     }
 }

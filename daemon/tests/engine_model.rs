@@ -289,6 +289,7 @@ impl Harness {
                     self.model[s].drop_below(first_available);
                     next = first_available;
                 }
+                SubEvent::Encoded { .. } => panic!("plain subscriptions deliver frames as values"),
                 SubEvent::Frames(frames) => {
                     for (seq, frame) in frames {
                         assert_eq!(seq, next, "reads are contiguous");

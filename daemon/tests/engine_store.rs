@@ -4,12 +4,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use bytes::Bytes;
-use tether_protocol::{Append, ConsumerInfo, FrameKind, Gap};
+use bytes::{Bytes, BytesMut};
+use tether_protocol::{Append, ClientCodec, ConsumerInfo, Durable, FrameKind, Gap, Response};
 use tetherd::config::Retention;
 use tetherd::queue::{Queue, QueueOptions};
-use tetherd::subscription::SubEvent;
+use tetherd::subscription::{SubEvent, WireForm};
 use tetherd::Error;
+use tokio_util::codec::Decoder;
 
 fn appends(stream: &str, producer: &str, pseqs: std::ops::RangeInclusive<u64>) -> Vec<Append> {
     pseqs
@@ -52,6 +53,83 @@ async fn read_all(queue: &Queue, stream: &str, after: u64) -> Vec<SubEvent> {
     }
 }
 
+/// Every event of a non-following read after `after`, with store reads
+/// encoded as a session given `form` sends them.
+async fn read_all_encoded(
+    queue: &Queue,
+    stream: &str,
+    after: u64,
+    form: WireForm,
+) -> Vec<SubEvent> {
+    let mut sub = queue.subscribe(stream, after, false).unwrap();
+    sub.encode_stored(form);
+    let mut events = Vec::new();
+    loop {
+        let event = sub.next().await.unwrap();
+        let end = matches!(event, SubEvent::End { .. });
+        events.push(event);
+        if end {
+            return events;
+        }
+    }
+}
+
+/// What a client decodes from encoded events, as the plain events they
+/// stand for (seqs come from `Durable`; `Live` frames carry none, so they
+/// are numbered on from the previous event's last seq).
+fn decoded(events: &[SubEvent], after: u64) -> Vec<SubEvent> {
+    let mut next = after + 1;
+    let mut out = Vec::new();
+    for e in events {
+        let SubEvent::Encoded { wire, last_seq } = e else {
+            if let SubEvent::Gap(g) = e {
+                next = g.first_available;
+            }
+            out.push(e.clone());
+            continue;
+        };
+        let mut src = BytesMut::from(&wire[..]);
+        let mut frames = Vec::new();
+        while let Some(response) = ClientCodec::new().decode(&mut src).unwrap() {
+            match response {
+                Response::Durable(Durable { seq, frame }) => frames.push((seq, frame)),
+                Response::Live(frame) => frames.push((next + frames.len() as u64, frame)),
+                other => panic!("a store read encoded {other:?}"),
+            }
+        }
+        assert!(src.is_empty(), "an encoded read ends with a whole frame");
+        assert_eq!(frames.last().map(|(s, _)| *s), Some(*last_seq));
+        next = last_seq + 1;
+        out.push(SubEvent::Frames(frames));
+    }
+    out
+}
+
+#[tokio::test]
+async fn encoded_reads_decode_to_the_same_frames_and_gaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = open(&dir.path().join("tether.redb"), no_retention());
+    // Enough frames for several reads, some big enough to end a read on
+    // bytes rather than on the frame count.
+    let mut batch = appends("s", "p", 1..=3000);
+    for a in batch.iter_mut().filter(|a| a.producer_seq % 500 == 0) {
+        a.payload = Bytes::from(vec![b'x'; 100 * 1024]);
+    }
+    queue.append(batch).await.unwrap();
+    queue.open_consumer("s", "c").await.unwrap();
+    queue.ack("s", "c", 40).await.unwrap();
+    queue.compact().await.unwrap();
+    assert_eq!(queue.stream_range("s"), Some((41, 3000)));
+
+    for after in [0, 41, 1499, 2999] {
+        let plain = read_all(&queue, "s", after).await;
+        let durable = read_all_encoded(&queue, "s", after, WireForm::Durable).await;
+        assert_eq!(decoded(&durable, after), plain, "durable after {after}");
+        let live = read_all_encoded(&queue, "s", after, WireForm::Live).await;
+        assert_eq!(decoded(&live, after), plain, "live after {after}");
+    }
+}
+
 /// The seqs delivered by a read, and the gap notices among them.
 fn seqs(events: &[SubEvent]) -> (Vec<u64>, Vec<Gap>) {
     let mut seqs = Vec::new();
@@ -61,6 +139,7 @@ fn seqs(events: &[SubEvent]) -> (Vec<u64>, Vec<Gap>) {
             SubEvent::Frames(f) => seqs.extend(f.iter().map(|(s, _)| *s)),
             SubEvent::Gap(g) => gaps.push(*g),
             SubEvent::End { .. } => {}
+            SubEvent::Encoded { .. } => panic!("plain subscriptions deliver frames as values"),
         }
     }
     (seqs, gaps)

@@ -6,7 +6,7 @@
 use bytes::{Bytes, BytesMut};
 use proptest::collection::vec;
 use proptest::prelude::*;
-use tether_protocol::codec::{decode_message, encode_frame};
+use tether_protocol::codec::{decode_message, encode_durable, encode_frame, encode_live};
 use tether_protocol::{
     Append, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck, DurableResume,
     ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Request, Response, ServerCodec,
@@ -369,5 +369,25 @@ proptest! {
         ServerCodec::new().encode(msg.clone(), &mut buf).unwrap();
         prop_assert_eq!(&buf[..prefix.len()], &prefix[..]);
         prop_assert_eq!(&buf[prefix.len()..], &encode_frame(&msg).unwrap()[..]);
+    }
+
+    /// A stored frame written from its parts is byte for byte what serde
+    /// writes for the same `Durable` or `Live` response, after whatever the
+    /// buffer held.
+    #[test]
+    fn frames_written_from_parts_match_serde(
+        prefix in vec(any::<u8>(), 0..64),
+        seq in any::<u64>(),
+        frame in frame(),
+    ) {
+        let mut buf = BytesMut::from(&prefix[..]);
+        encode_durable(seq, frame.ts_micros, frame.kind, &frame.payload, &mut buf).unwrap();
+        let durable = Response::Durable(Durable { seq, frame: frame.clone() });
+        prop_assert_eq!(&buf[..prefix.len()], &prefix[..]);
+        prop_assert_eq!(&buf[prefix.len()..], &encode_frame(&durable).unwrap()[..]);
+
+        let mut live = BytesMut::new();
+        encode_live(frame.ts_micros, frame.kind, &frame.payload, &mut live).unwrap();
+        prop_assert_eq!(&live[..], &encode_frame(&Response::Live(frame)).unwrap()[..]);
     }
 }
