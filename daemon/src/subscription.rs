@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tether_protocol::codec::{encode_durable, encode_live};
-use tether_protocol::{Frame, Gap};
+use tether_protocol::{Frame, FrameKind, Gap};
 
 use crate::hub::{Hub, Registration};
 use crate::store::{FrameSink, ReadChunk, ReadLimits, Store, StoredFrame};
@@ -37,9 +37,9 @@ pub enum SubEvent {
     /// Stored frames with their seqs: non-empty, ascending, contiguous, and
     /// starting at the seq after the previous event's last.
     Frames(Vec<(u64, Frame)>),
-    /// Frames like [`SubEvent::Frames`], read from the store and already
-    /// encoded in the subscription's [`WireForm`]: what the session writes
-    /// to its socket as it is. `last_seq` is the last one's seq.
+    /// Frames like [`SubEvent::Frames`], already encoded in the
+    /// subscription's [`WireForm`]: what the session writes to its socket
+    /// as it is. `last_seq` is the last one's seq.
     Encoded { wire: Bytes, last_seq: u64 },
     /// Frames from `requested` were compacted or expired; the next frame
     /// delivered is `first_available`.
@@ -49,10 +49,11 @@ pub enum SubEvent {
     End { last_seq: u64 },
 }
 
-/// How a session sends frames: store reads of a subscription given one are
-/// encoded as they are read ([`SubEvent::Encoded`]), so that replay copies
-/// each payload once, from the store's page to the socket's buffer, on the
-/// thread that reads it.
+/// How a session sends frames. A subscription given one delivers its
+/// frames already encoded ([`SubEvent::Encoded`]): store reads are encoded
+/// on the blocking thread that reads them, each payload copied once from
+/// the store's page to the bytes the socket is sent, and live batches by
+/// the subscription's own task rather than the session's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireForm {
     /// `Response::Durable`, with seqs.
@@ -102,7 +103,7 @@ impl Subscription {
         }
     }
 
-    /// Has store reads delivered encoded in `form` from now on.
+    /// Has frames delivered encoded in `form` from now on.
     pub fn encode_stored(&mut self, form: WireForm) {
         self.wire = Some(form);
     }
@@ -152,7 +153,7 @@ impl Subscription {
                 }
             }
             if self.live_covers_next() {
-                match self.recv_live().await {
+                match self.recv_live().await? {
                     Some(event) => return Ok(event),
                     None => continue,
                 }
@@ -181,28 +182,39 @@ impl Subscription {
     /// frames already delivered, or the subscription left the live channel
     /// (the hub dropped it, or the batch did not join up with the next seq)
     /// and must read the store.
-    async fn recv_live(&mut self) -> Option<SubEvent> {
-        let live = self.live.as_mut()?;
+    async fn recv_live(&mut self) -> Result<Option<SubEvent>> {
+        let Some(live) = self.live.as_mut() else {
+            return Ok(None);
+        };
         let Some(batch) = live.recv().await else {
             // The hub dropped this follower: catch up from the store and
             // register again afterwards.
             self.drop_live();
-            return None;
+            return Ok(None);
         };
-        let fresh: Vec<(u64, Frame)> = batch
-            .iter()
-            .filter(|(seq, _)| *seq >= self.next_seq)
-            .cloned()
-            .collect();
-        match fresh.first() {
+        let next_seq = self.next_seq;
+        let mut fresh = batch.iter().filter(|(seq, _)| *seq >= next_seq).peekable();
+        match fresh.peek() {
             // Everything in it was already delivered from the store.
-            None => None,
-            Some((seq, _)) if *seq == self.next_seq => self.deliver(fresh),
+            None => Ok(None),
+            Some((seq, _)) if *seq == next_seq => match self.wire {
+                None => Ok(self.deliver(fresh.cloned().collect())),
+                Some(form) => {
+                    let (frames, bytes) = fresh
+                        .clone()
+                        .fold((0, 0), |(n, b), (_, f)| (n + 1, b + f.payload.len()));
+                    let mut wire = WireFrames::new(form, frames, bytes);
+                    for (seq, f) in fresh {
+                        wire.push(*seq, f.ts_micros, f.kind, &f.payload)?;
+                    }
+                    Ok(self.deliver_encoded(wire))
+                }
+            },
             Some(_) => {
                 // A hole between what was delivered and the live batch:
                 // the store has the missing frames.
                 self.drop_live();
-                None
+                Ok(None)
             }
         }
     }
@@ -222,7 +234,9 @@ impl Subscription {
                 (chunk.first_seq, self.deliver(chunk.frames))
             }
             Some(form) => {
-                let chunk = self.read_chunk(move || WireFrames::new(form)).await?;
+                let chunk = self
+                    .read_chunk(move || WireFrames::new(form, READ_MAX_FRAMES, READ_MAX_BYTES))
+                    .await?;
                 (chunk.first_seq, self.deliver_encoded(chunk.frames))
             }
         };
@@ -290,7 +304,7 @@ impl Subscription {
     }
 }
 
-/// Stored frames encoded for the socket as they are read.
+/// Frames encoded for the socket as they are read or received.
 #[derive(Debug)]
 struct WireFrames {
     form: WireForm,
@@ -298,14 +312,28 @@ struct WireFrames {
     last_seq: Option<u64>,
 }
 
+/// Bytes of a typical frame's length prefix and head (seq, timestamp,
+/// kind, length), to size buffers by; a bigger one only grows the buffer.
+const WIRE_HEAD_TYPICAL: usize = 24;
+
 impl WireFrames {
-    fn new(form: WireForm) -> Self {
+    /// Ready for `frames` frames of `payload_bytes` in all.
+    fn new(form: WireForm, frames: usize, payload_bytes: usize) -> Self {
         Self {
             form,
-            // One read's worth: the payload limit plus the frames' heads.
-            wire: BytesMut::with_capacity(READ_MAX_BYTES + READ_MAX_FRAMES * 32),
+            wire: BytesMut::with_capacity(payload_bytes + frames * WIRE_HEAD_TYPICAL),
             last_seq: None,
         }
+    }
+
+    fn push(&mut self, seq: u64, ts_micros: u64, kind: FrameKind, payload: &[u8]) -> Result<()> {
+        match self.form {
+            WireForm::Durable => encode_durable(seq, ts_micros, kind, payload, &mut self.wire),
+            WireForm::Live => encode_live(ts_micros, kind, payload, &mut self.wire),
+        }
+        .map_err(|e| Error::Storage(format!("frame {seq} cannot be sent: {e}")))?;
+        self.last_seq = Some(seq);
+        Ok(())
     }
 }
 
@@ -315,14 +343,7 @@ impl FrameSink for WireFrames {
             let payload = chunk.get(f.payload.clone()).ok_or_else(|| {
                 Error::Storage(format!("frame {} lies outside its stored chunk", f.seq))
             })?;
-            match self.form {
-                WireForm::Durable => {
-                    encode_durable(f.seq, f.ts_micros, f.kind, payload, &mut self.wire)
-                }
-                WireForm::Live => encode_live(f.ts_micros, f.kind, payload, &mut self.wire),
-            }
-            .map_err(|e| Error::Storage(format!("frame {} cannot be sent: {e}", f.seq)))?;
-            self.last_seq = Some(f.seq);
+            self.push(f.seq, f.ts_micros, f.kind, payload)?;
         }
         Ok(())
     }

@@ -130,6 +130,37 @@ async fn encoded_reads_decode_to_the_same_frames_and_gaps() {
     }
 }
 
+#[tokio::test]
+async fn encoded_live_batches_decode_to_the_frames_appended() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = open(&dir.path().join("tether.redb"), no_retention());
+    queue.append(appends("s", "p", 1..=10)).await.unwrap();
+    let mut sub = queue.subscribe("s", 0, true).unwrap();
+    sub.encode_stored(WireForm::Durable);
+    let mut events = vec![sub.next().await.unwrap()];
+    for batch in [11..=20, 21..=30] {
+        // The subscription has caught up and waits on the live channel
+        // while the batch is appended.
+        let (event, appended) = tokio::join!(sub.next(), queue.append(appends("s", "p", batch)));
+        appended.unwrap();
+        events.push(event.unwrap());
+    }
+    while !matches!(events.last(), Some(SubEvent::Encoded { last_seq: 30, .. })) {
+        events.push(sub.next().await.unwrap());
+    }
+    let mut seqs = Vec::new();
+    for event in decoded(&events, 0) {
+        let SubEvent::Frames(frames) = event else {
+            panic!("a following read delivered {event:?}");
+        };
+        for (seq, frame) in frames {
+            assert_eq!(frame.payload, Bytes::from(format!("p-{seq:04}")));
+            seqs.push(seq);
+        }
+    }
+    assert_eq!(seqs, (1..=30).collect::<Vec<_>>());
+}
+
 /// The seqs delivered by a read, and the gap notices among them.
 fn seqs(events: &[SubEvent]) -> (Vec<u64>, Vec<Gap>) {
     let mut seqs = Vec::new();
