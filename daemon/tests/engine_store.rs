@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use tether_protocol::{Append, ClientCodec, ConsumerInfo, Durable, FrameKind, Gap, Response};
 use tetherd::config::Retention;
 use tetherd::queue::{Queue, QueueOptions};
-use tetherd::subscription::{SubEvent, WireForm};
+use tetherd::subscription::{SubEvent, Subscription, WireForm};
 use tetherd::Error;
 use tokio_util::codec::Decoder;
 
@@ -41,16 +41,7 @@ fn open(path: &Path, opts: QueueOptions) -> Queue {
 
 /// Every event of a non-following read after `after`.
 async fn read_all(queue: &Queue, stream: &str, after: u64) -> Vec<SubEvent> {
-    let mut sub = queue.subscribe(stream, after, false).unwrap();
-    let mut events = Vec::new();
-    loop {
-        let event = sub.next().await.unwrap();
-        let end = matches!(event, SubEvent::End { .. });
-        events.push(event);
-        if end {
-            return events;
-        }
-    }
+    drain(queue.subscribe(stream, after, false).unwrap()).await
 }
 
 /// Every event of a non-following read after `after`, with store reads
@@ -63,6 +54,11 @@ async fn read_all_encoded(
 ) -> Vec<SubEvent> {
     let mut sub = queue.subscribe(stream, after, false).unwrap();
     sub.encode_stored(form);
+    drain(sub).await
+}
+
+/// Every event of a non-following subscription, through its end.
+async fn drain(mut sub: Subscription) -> Vec<SubEvent> {
     let mut events = Vec::new();
     loop {
         let event = sub.next().await.unwrap();
