@@ -612,9 +612,10 @@ impl Session {
         first_seq: u64,
         last_seq: u64,
     ) -> Result<(), Refusal> {
-        sub.encode_stored(match self.durable {
-            true => WireForm::Durable,
-            false => WireForm::Live,
+        sub.encode_as(if self.durable {
+            WireForm::Durable
+        } else {
+            WireForm::Live
         });
         let (tx, events) = mpsc::channel(SUBSCRIPTION_BACKLOG);
         let pump = tokio::spawn(async move {

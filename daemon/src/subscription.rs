@@ -77,7 +77,7 @@ pub struct Subscription {
     /// The most bytes ever queued to any of this subscription's
     /// registrations; kept across re-registrations.
     peak_queued: usize,
-    /// When set, store reads come out encoded.
+    /// When set, frames are delivered encoded in this form.
     wire: Option<WireForm>,
 }
 
@@ -104,7 +104,7 @@ impl Subscription {
     }
 
     /// Has frames delivered encoded in `form` from now on.
-    pub fn encode_stored(&mut self, form: WireForm) {
+    pub fn encode_as(&mut self, form: WireForm) {
         self.wire = Some(form);
     }
 

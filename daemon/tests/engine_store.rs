@@ -53,7 +53,7 @@ async fn read_all_encoded(
     form: WireForm,
 ) -> Vec<SubEvent> {
     let mut sub = queue.subscribe(stream, after, false).unwrap();
-    sub.encode_stored(form);
+    sub.encode_as(form);
     drain(sub).await
 }
 
@@ -132,7 +132,7 @@ async fn encoded_live_batches_decode_to_the_frames_appended() {
     let queue = open(&dir.path().join("tether.redb"), no_retention());
     queue.append(appends("s", "p", 1..=10)).await.unwrap();
     let mut sub = queue.subscribe("s", 0, true).unwrap();
-    sub.encode_stored(WireForm::Durable);
+    sub.encode_as(WireForm::Durable);
     let mut events = vec![sub.next().await.unwrap()];
     for batch in [11..=20, 21..=30] {
         // The subscription has caught up and waits on the live channel
