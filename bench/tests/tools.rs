@@ -40,6 +40,15 @@ fn rows(out: &Output) -> Vec<Value> {
         .collect()
 }
 
+/// The JSON rows of one `floors` measurement at a tenth of its counts.
+fn quick_floor(only: &str) -> Vec<Value> {
+    let out = run_in_temp(
+        env!("CARGO_BIN_EXE_floors"),
+        &["--quick", "--json", "--only", only],
+    );
+    rows(&out)
+}
+
 fn positive(row: &Value, field: &str) -> f64 {
     let value = row[field]
         .as_f64()
@@ -102,11 +111,7 @@ fn a_payload_too_short_for_its_send_time_is_refused() {
 
 #[test]
 fn floors_measure_round_trips_with_and_without_a_thread_hop() {
-    let out = run_in_temp(
-        env!("CARGO_BIN_EXE_floors"),
-        &["--quick", "--json", "--only", "round-trip"],
-    );
-    let rows = rows(&out);
+    let rows = quick_floor("round-trip");
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["round trip 300 B", "round trip 300 B + thread hop"]);
     for row in &rows {
@@ -118,11 +123,7 @@ fn floors_measure_round_trips_with_and_without_a_thread_hop() {
 
 #[test]
 fn floors_measure_durable_appends() {
-    let out = run_in_temp(
-        env!("CARGO_BIN_EXE_floors"),
-        &["--quick", "--json", "--only", "append"],
-    );
-    let rows = rows(&out);
+    let rows = quick_floor("append");
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["count"], 100_000);
     assert_eq!(rows[0]["unit"], "frames");

@@ -11,9 +11,9 @@
 //! Why the purge delay: mimalloc keeps freed pages for a second by default
 //! before returning them, which raised the daemon's peak resident memory
 //! under W2 from 56 to 66 MiB. At 10 ms it is back to 55 MiB. Shorter is
-//! slower where large buffers come and go: at 2 ms, replays (a 128 KiB
-//! read buffer per store read) paid for faulting freshly purged pages back
-//! in. Transparent huge pages are off (the `no_thp` feature): with them W1
+//! slower where large buffers come and go: at 2 ms, replays (a buffer of
+//! about 150 KiB per store read) paid for faulting freshly purged pages
+//! back in. Transparent huge pages are off (the `no_thp` feature): with them W1
 //! peaked at 70 MiB instead of 30.
 //!
 //! This module belongs to the `tetherd` binary, not the library: embedding

@@ -28,9 +28,9 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use tether_protocol::codec::{decode_wire_message, peek_hello_version};
 use tether_protocol::{
-    validate_name, Appended, Capabilities, Durable, DurableAck, DurableResume, ErrorCode,
-    ErrorFrame, Hello, HelloOk, Request, Response, ServerCodec, ShimHello, StartAt, StatusInfo,
-    Subscribe, Subscribed, WorkerExited, PROTOCOL_VERSION,
+    validate_name, Appended, Capabilities, DurableAck, DurableResume, ErrorCode, ErrorFrame, Hello,
+    HelloOk, Request, Response, ServerCodec, ShimHello, StartAt, StatusInfo, Subscribe, Subscribed,
+    WorkerExited, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -644,17 +644,6 @@ impl Session {
     async fn deliver(&mut self, event: Option<crate::Result<SubEvent>>) -> Result<(), Refusal> {
         let durable = self.subscription.as_ref().is_some_and(|s| s.durable);
         match event {
-            Some(Ok(SubEvent::Frames(frames))) => {
-                for (seq, frame) in frames {
-                    let message = if durable {
-                        Response::Durable(Durable { seq, frame })
-                    } else {
-                        Response::Live(frame)
-                    };
-                    self.out.feed(message).await.map_err(write_failed)?;
-                }
-                self.out.flush().await.map_err(write_failed)
-            }
             Some(Ok(SubEvent::Encoded { wire, .. })) => {
                 // Whatever the codec holds goes first; the read's frames
                 // then go to the socket as they are.
@@ -678,6 +667,12 @@ impl Session {
                 self.send_all(vec![Response::End { last_seq }]).await
             }
             Some(Err(e)) => Err(e.into()),
+            // `attach` has every subscription deliver encoded frames;
+            // frames as values are for the engine's own readers.
+            Some(Ok(SubEvent::Frames(_))) => Err(Refusal::new(
+                ErrorCode::INTERNAL,
+                "the subscription delivered frames unencoded",
+            )),
             None => Err(Refusal::new(
                 ErrorCode::INTERNAL,
                 "the subscription stopped unexpectedly",

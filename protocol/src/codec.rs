@@ -11,7 +11,9 @@ use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::{AppendView, Error, FrameKind, Message, Request, Response, DEFAULT_MAX_FRAME_LEN};
+use crate::{
+    AppendView, Error, FrameKind, FrameView, Message, Request, Response, DEFAULT_MAX_FRAME_LEN,
+};
 
 /// Encodes `Out` and decodes `In`, each as one length-delimited frame.
 #[derive(Debug)]
@@ -203,7 +205,7 @@ fn short_type_name<T>() -> &'static str {
 pub fn encode_into<T: Serialize>(item: &T, dst: &mut BytesMut, max: usize) -> Result<(), Error> {
     let start = dst.len();
     dst.put_u32(0);
-    if let Err(e) = postcard::to_io(item, (&mut *dst).writer()) {
+    if let Err(e) = postcard::serialize_with_flavor(item, Append(dst)) {
         dst.truncate(start);
         return Err(Error::Encode(e));
     }
@@ -217,10 +219,31 @@ pub fn encode_into<T: Serialize>(item: &T, dst: &mut BytesMut, max: usize) -> Re
     Ok(())
 }
 
-/// Appends `Response::Durable(Durable { seq, frame })` as one frame, written
-/// from the frame's parts: the same bytes as [`encode_into`] gives, without
-/// first building a `Frame` around the payload. Replay sends stored frames
-/// this way straight from the store's pages.
+/// postcard's output straight into a `BytesMut`: a varint or a payload is
+/// one `extend_from_slice`, not a trip through `io::Write`.
+struct Append<'a>(&'a mut BytesMut);
+
+impl postcard::ser_flavors::Flavor for Append<'_> {
+    type Output = ();
+
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        self.0.put_u8(byte);
+        Ok(())
+    }
+
+    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
+/// Appends `Response::Durable(Durable { seq, frame })` as one frame, the
+/// frame given as its parts: the same bytes as [`encode_into`] gives for
+/// the response, through a [`FrameView`] borrowing the payload.
 pub fn encode_durable(
     seq: u64,
     ts_micros: u64,
@@ -228,7 +251,17 @@ pub fn encode_durable(
     payload: &[u8],
     dst: &mut BytesMut,
 ) -> Result<(), Error> {
-    encode_frame_parts(RESPONSE_DURABLE, Some(seq), ts_micros, kind, payload, dst)
+    let frame = FrameView {
+        ts_micros,
+        kind,
+        payload,
+    };
+    // An enum variant is its index, then its fields.
+    encode_into(
+        &(Response::DURABLE_KIND, seq, frame),
+        dst,
+        u32::MAX as usize,
+    )
 }
 
 /// Appends `Response::Live(frame)` as one frame, like [`encode_durable`].
@@ -238,60 +271,12 @@ pub fn encode_live(
     payload: &[u8],
     dst: &mut BytesMut,
 ) -> Result<(), Error> {
-    encode_frame_parts(RESPONSE_LIVE, None, ts_micros, kind, payload, dst)
-}
-
-/// `Response`'s variant indexes, as postcard writes them (declaration
-/// order; variants are only ever appended, and a test holds these to the
-/// serde encoding).
-const RESPONSE_DURABLE: u64 = 4;
-const RESPONSE_LIVE: u64 = 5;
-
-/// The most bytes a varint of a `u64` takes.
-const VARINT_MAX: usize = 10;
-
-fn encode_frame_parts(
-    variant: u64,
-    seq: Option<u64>,
-    ts_micros: u64,
-    kind: FrameKind,
-    payload: &[u8],
-    dst: &mut BytesMut,
-) -> Result<(), Error> {
-    // Variant, seq, timestamp, kind and payload length: five varints.
-    let mut head = [0u8; 5 * VARINT_MAX];
-    let mut at = put_varint(&mut head, 0, variant);
-    if let Some(seq) = seq {
-        at = put_varint(&mut head, at, seq);
-    }
-    at = put_varint(&mut head, at, ts_micros);
-    at = put_varint(&mut head, at, kind as u64);
-    at = put_varint(&mut head, at, payload.len() as u64);
-    let len = at + payload.len();
-    let prefix = u32::try_from(len).map_err(|_| Error::FrameTooLarge {
-        len,
-        max: u32::MAX as usize,
-    })?;
-    dst.reserve(PREFIX_LEN + len);
-    dst.put_u32(prefix);
-    dst.extend_from_slice(&head[..at]);
-    dst.extend_from_slice(payload);
-    Ok(())
-}
-
-/// Writes `value` as postcard's varint (LEB128) into `buf` at `at`; returns
-/// where it ended. `buf` has room for a whole varint past `at`.
-fn put_varint(buf: &mut [u8], mut at: usize, mut value: u64) -> usize {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            buf[at] = byte;
-            return at + 1;
-        }
-        buf[at] = byte | 0x80;
-        at += 1;
-    }
+    let frame = FrameView {
+        ts_micros,
+        kind,
+        payload,
+    };
+    encode_into(&(Response::LIVE_KIND, frame), dst, u32::MAX as usize)
 }
 
 /// Reads just the protocol version from a `Hello` body, even when the rest

@@ -233,6 +233,23 @@ pub struct AppendView<'a> {
     pub payload: &'a [u8],
 }
 
+/// A [`Frame`] borrowing its payload: the same bytes on the wire. The
+/// daemon writes stored frames this way straight from the store's pages,
+/// without building a `Frame` around each payload first.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameView<'a> {
+    pub ts_micros: u64,
+    pub kind: FrameKind,
+    /// Written as one byte string, as `Bytes` is (a `&[u8]` on its own
+    /// would go byte by byte, to the same bytes, slowly).
+    #[serde(serialize_with = "byte_string")]
+    pub payload: &'a [u8],
+}
+
+fn byte_string<S: serde::Serializer>(bytes: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bytes(bytes)
+}
+
 /// Where a [`Subscribe`] starts.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StartAt {
@@ -339,6 +356,11 @@ pub enum Response {
 }
 
 impl Response {
+    /// The variant indexes of [`Response::Durable`] and [`Response::Live`]:
+    /// the first varint of their bodies.
+    pub const DURABLE_KIND: u32 = 4;
+    pub const LIVE_KIND: u32 = 5;
+
     /// The variant's name, for logs and error messages.
     pub fn name(&self) -> &'static str {
         match self {
