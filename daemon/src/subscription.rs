@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tether_protocol::codec::{encode_durable, encode_live};
-use tether_protocol::{Frame, FrameKind, Gap};
+use tether_protocol::{Frame, FrameView, Gap};
 
 use crate::hub::{Hub, Registration};
 use crate::store::{FrameSink, ReadChunk, ReadLimits, Store, StoredFrame};
@@ -205,7 +205,7 @@ impl Subscription {
                         .fold((0, 0), |(n, b), (_, f)| (n + 1, b + f.payload.len()));
                     let mut wire = WireFrames::new(form, frames, bytes);
                     for (seq, f) in fresh {
-                        wire.push(*seq, f.ts_micros, f.kind, &f.payload)?;
+                        wire.push(*seq, f.view())?;
                     }
                     Ok(self.deliver_encoded(wire))
                 }
@@ -326,10 +326,10 @@ impl WireFrames {
         }
     }
 
-    fn push(&mut self, seq: u64, ts_micros: u64, kind: FrameKind, payload: &[u8]) -> Result<()> {
+    fn push(&mut self, seq: u64, frame: FrameView<'_>) -> Result<()> {
         match self.form {
-            WireForm::Durable => encode_durable(seq, ts_micros, kind, payload, &mut self.wire),
-            WireForm::Live => encode_live(ts_micros, kind, payload, &mut self.wire),
+            WireForm::Durable => encode_durable(seq, frame, &mut self.wire),
+            WireForm::Live => encode_live(frame, &mut self.wire),
         }
         .map_err(|e| Error::Storage(format!("frame {seq} cannot be sent: {e}")))?;
         self.last_seq = Some(seq);
@@ -343,7 +343,12 @@ impl FrameSink for WireFrames {
             let payload = chunk.get(f.payload.clone()).ok_or_else(|| {
                 Error::Storage(format!("frame {} lies outside its stored chunk", f.seq))
             })?;
-            self.push(f.seq, f.ts_micros, f.kind, payload)?;
+            let frame = FrameView {
+                ts_micros: f.ts_micros,
+                kind: f.kind,
+                payload,
+            };
+            self.push(f.seq, frame)?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@
 use bytes::{Bytes, BytesMut};
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use tether_protocol::codec::encode_durable;
-use tether_protocol::{Append, Durable, Frame, FrameKind, Request, Response};
+use tether_protocol::{Append, Durable, Frame, FrameKind, FrameView, Request, Response};
 use tether_protocol::{ClientCodec, ServerCodec};
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -68,14 +68,12 @@ fn codec(c: &mut Criterion) {
     group.bench_function("encode Durable from parts", |b| {
         b.iter(|| {
             buf.clear();
-            encode_durable(
-                black_box(987_654),
-                1_700_000_000_000_000,
-                FrameKind::Data,
-                black_box(&payload),
-                &mut buf,
-            )
-            .unwrap();
+            let frame = FrameView {
+                ts_micros: 1_700_000_000_000_000,
+                kind: FrameKind::Data,
+                payload: black_box(&payload),
+            };
+            encode_durable(black_box(987_654), frame, &mut buf).unwrap();
         })
     });
     let mut wire = BytesMut::new();

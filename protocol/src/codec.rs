@@ -11,9 +11,7 @@ use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::{
-    AppendView, Error, FrameKind, FrameView, Message, Request, Response, DEFAULT_MAX_FRAME_LEN,
-};
+use crate::{AppendView, Error, FrameView, Message, Request, Response, DEFAULT_MAX_FRAME_LEN};
 
 /// Encodes `Out` and decodes `In`, each as one length-delimited frame.
 #[derive(Debug)]
@@ -242,20 +240,9 @@ impl postcard::ser_flavors::Flavor for Append<'_> {
 }
 
 /// Appends `Response::Durable(Durable { seq, frame })` as one frame, the
-/// frame given as its parts: the same bytes as [`encode_into`] gives for
-/// the response, through a [`FrameView`] borrowing the payload.
-pub fn encode_durable(
-    seq: u64,
-    ts_micros: u64,
-    kind: FrameKind,
-    payload: &[u8],
-    dst: &mut BytesMut,
-) -> Result<(), Error> {
-    let frame = FrameView {
-        ts_micros,
-        kind,
-        payload,
-    };
+/// frame borrowed: the same bytes as [`encode_into`] gives for the owned
+/// response.
+pub fn encode_durable(seq: u64, frame: FrameView<'_>, dst: &mut BytesMut) -> Result<(), Error> {
     // An enum variant is its index, then its fields.
     encode_into(
         &(Response::DURABLE_KIND, seq, frame),
@@ -265,17 +252,7 @@ pub fn encode_durable(
 }
 
 /// Appends `Response::Live(frame)` as one frame, like [`encode_durable`].
-pub fn encode_live(
-    ts_micros: u64,
-    kind: FrameKind,
-    payload: &[u8],
-    dst: &mut BytesMut,
-) -> Result<(), Error> {
-    let frame = FrameView {
-        ts_micros,
-        kind,
-        payload,
-    };
+pub fn encode_live(frame: FrameView<'_>, dst: &mut BytesMut) -> Result<(), Error> {
     encode_into(&(Response::LIVE_KIND, frame), dst, u32::MAX as usize)
 }
 

@@ -246,6 +246,17 @@ pub struct FrameView<'a> {
     pub payload: &'a [u8],
 }
 
+impl Frame {
+    /// This frame, borrowed.
+    pub fn view(&self) -> FrameView<'_> {
+        FrameView {
+            ts_micros: self.ts_micros,
+            kind: self.kind,
+            payload: &self.payload,
+        }
+    }
+}
+
 fn byte_string<S: serde::Serializer>(bytes: &&[u8], s: S) -> Result<S::Ok, S::Error> {
     s.serialize_bytes(bytes)
 }

@@ -381,13 +381,13 @@ proptest! {
         frame in frame(),
     ) {
         let mut buf = BytesMut::from(&prefix[..]);
-        encode_durable(seq, frame.ts_micros, frame.kind, &frame.payload, &mut buf).unwrap();
+        encode_durable(seq, frame.view(), &mut buf).unwrap();
         let durable = Response::Durable(Durable { seq, frame: frame.clone() });
         prop_assert_eq!(&buf[..prefix.len()], &prefix[..]);
         prop_assert_eq!(&buf[prefix.len()..], &encode_frame(&durable).unwrap()[..]);
 
         let mut live = BytesMut::new();
-        encode_live(frame.ts_micros, frame.kind, &frame.payload, &mut live).unwrap();
+        encode_live(frame.view(), &mut live).unwrap();
         prop_assert_eq!(&live[..], &encode_frame(&Response::Live(frame)).unwrap()[..]);
     }
 }
