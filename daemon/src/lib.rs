@@ -37,6 +37,8 @@ pub mod shutdown;
 pub mod store;
 pub mod subscription;
 pub mod supervisor;
+pub mod syncer;
+pub mod wal;
 
 pub use config::Config;
 pub use error::{Error, Result};

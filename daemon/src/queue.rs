@@ -3,10 +3,13 @@
 //! [`Queue`] is a cheap handle. Behind it one dedicated thread, the writer,
 //! owns every write transaction. It blocks for a command, then takes every
 //! command already waiting (up to a bound), applies them all in one write
-//! transaction and commits it with immediate durability: one fsync for many
-//! frames (group commit). Only then does it hand the committed frames to the
-//! [`Hub`] and answer each command, so nothing is delivered or acknowledged
-//! before its commit.
+//! transaction and commits it: through the write-ahead log (see
+//! [`crate::wal`]) when the log can describe it, else with redb's immediate
+//! durability. One fsync covers many frames (group commit). The
+//! [`Syncer`] thread syncs the log and only then hands the committed
+//! frames to the [`Hub`] and answers each command, so nothing is delivered
+//! or acknowledged before it is durable, while the writer already applies
+//! the next batch.
 //!
 //! The writer keeps every stream's metadata, producers' dedupe state and
 //! consumers' acks in memory, so an append needs no read. When a commit
@@ -41,6 +44,7 @@ use crate::hub::{FollowerBudget, Hub, StreamUpdate};
 use crate::ingest::{self, IngestAppend};
 use crate::store::{ProducerState, Snapshot, Store, StreamMeta, WriteTxn};
 use crate::subscription::Subscription;
+use crate::syncer::{Durable, Syncer};
 use crate::{Error, Result};
 
 /// Commands that may wait for the writer. Senders wait (asynchronously)
@@ -73,6 +77,10 @@ const AGE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// How long compaction rests after it failed, so that a persistent failure
 /// (a full disk) does not keep the writer spinning.
 const COMPACT_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// How long commits may stay in the write-ahead log alone before an idle
+/// writer persists the store (so that a restart has little to replay).
+const PERSIST_AFTER: Duration = Duration::from_secs(1);
 
 /// How the queue batches and what it retains.
 #[derive(Clone, Debug)]
@@ -158,6 +166,9 @@ impl Queue {
         let mut writer = Writer {
             store: store.clone(),
             hub: hub.clone(),
+            syncer: Syncer::start(store.wal_sync_handle())?,
+            // A replay leaves its commits in the log until a persist.
+            unpersisted_since: store.wal_has_records().then(Instant::now),
             checkpoint_refs: checkpoint_refs.clone(),
             opts,
             rx,
@@ -821,6 +832,27 @@ impl Staged {
     }
 }
 
+/// A committed batch's news for the hub and for `ps`, told once it is
+/// durable.
+struct Publish {
+    hub: Arc<Hub>,
+    updates: Vec<StreamUpdate>,
+    checkpoint_refs: CheckpointRefs,
+    checkpoints: Vec<(String, CheckpointRef)>,
+}
+
+impl Publish {
+    fn run(self) {
+        self.hub.publish(self.updates);
+        if !self.checkpoints.is_empty() {
+            let mut refs = lock(&self.checkpoint_refs);
+            for (execution, reference) in self.checkpoints {
+                refs.insert(execution, reference);
+            }
+        }
+    }
+}
+
 enum Wait {
     Command(Command),
     Idle,
@@ -829,7 +861,13 @@ enum Wait {
 
 struct Writer {
     store: Arc<Store>,
+    /// Only ever used from jobs run by `syncer`, so that the hub hears of
+    /// commits in order and only once they are durable.
     hub: Arc<Hub>,
+    syncer: Syncer,
+    /// When the first commit that only the log holds was made; `None`
+    /// while the store itself holds every commit.
+    unpersisted_since: Option<Instant>,
     checkpoint_refs: CheckpointRefs,
     opts: QueueOptions,
     rx: mpsc::Receiver<Command>,
@@ -873,6 +911,13 @@ impl Writer {
                 Wait::Closed => break,
             }
         }
+        if self.unpersisted_since.is_some() {
+            if let Err(e) = self.store.persist() {
+                tracing::warn!("persisting the store on close failed: {e}");
+            }
+        }
+        // Publishes and answers what the log still had to sync.
+        self.syncer.finish();
     }
 
     /// The next command; `Idle` when there is background work to do and no
@@ -915,10 +960,8 @@ impl Writer {
         let pause = self
             .compaction_paused_until
             .filter(|_| !self.dirty.is_empty());
-        match (age, pause) {
-            (Some(a), Some(p)) => Some(a.min(p)),
-            (a, p) => a.or(p),
-        }
+        let persist = self.unpersisted_since.map(|t| t + PERSIST_AFTER);
+        [age, pause, persist].into_iter().flatten().min()
     }
 
     /// Takes every command already waiting, within the batch bounds.
@@ -950,16 +993,50 @@ impl Writer {
                 self.compaction_failed(&e);
             }
         }
+        if self
+            .unpersisted_since
+            .is_some_and(|t| t.elapsed() >= PERSIST_AFTER)
+        {
+            self.persist();
+        }
+    }
+
+    /// Makes the store hold every commit itself, so that the log starts
+    /// again; after a failed sync of the log, also what it could not sync.
+    fn persist(&mut self) {
+        match self.store.persist() {
+            Ok(()) => self.durable(Durable::Committed, None),
+            Err(e) => self.after_failure("persisting the store", &e),
+        }
+    }
+
+    /// Notes how a commit was made durable, and runs `then` once it is.
+    fn durable(&mut self, durable: Durable, then: Option<crate::syncer::Then>) {
+        match durable {
+            Durable::Committed => self.unpersisted_since = None,
+            Durable::Logged(_) => {
+                self.unpersisted_since.get_or_insert_with(Instant::now);
+            }
+        }
+        let then = then.unwrap_or_else(|| Box::new(|_| {}));
+        self.syncer.after(durable, then);
     }
 
     /// Replaces the caches with `snapshot` and tells the hub.
     fn install(&mut self, snapshot: Snapshot) {
         self.state = State::from_snapshot(snapshot);
-        self.hub.reset(
-            self.state
-                .streams
-                .iter()
-                .map(|(name, s)| (name.clone(), s.meta.first_seq, s.meta.last_seq)),
+        let ranges: Vec<(String, u64, u64)> = self
+            .state
+            .streams
+            .iter()
+            .map(|(name, s)| (name.clone(), s.meta.first_seq, s.meta.last_seq))
+            .collect();
+        let hub = self.hub.clone();
+        // The store was just loaded (after a replay, if one was due): it
+        // holds everything durably.
+        self.durable(
+            Durable::Committed,
+            Some(Box::new(move |_| hub.reset(ranges))),
         );
         // Compaction may have been behind the acks when the state was last
         // saved: look at every stream once.
@@ -1040,26 +1117,36 @@ impl Writer {
             }
         }
         if !requests.is_empty() {
-            self.commit_batch(requests, replies);
+            self.commit_batch(requests, replies, std::mem::take(&mut in_flight));
         }
         if !compactions.is_empty() {
             let result = self.compact_all();
-            for reply in compactions {
-                reply.send(match &result {
+            let answers = compactions.into_iter().map(|reply| {
+                let result = match &result {
                     Ok(()) => Ok(Outcome::Done),
                     Err(e) => Err(copy_error(e)),
-                });
-            }
+                };
+                (reply, result)
+            });
+            // The compaction's commits are logged: answered once synced.
+            let durable = Durable::Logged(self.store.wal_written());
+            self.answer(durable, answers.collect(), in_flight);
         }
-        drop(in_flight);
     }
 
-    fn commit_batch(&mut self, requests: Vec<Request>, replies: Vec<Reply>) {
+    fn commit_batch(
+        &mut self,
+        requests: Vec<Request>,
+        replies: Vec<Reply>,
+        in_flight: Vec<OwnedSemaphorePermit>,
+    ) {
+        if self.syncer.failed() {
+            self.persist();
+        }
         if !self.healthy {
             if let Err(e) = self.recover() {
-                for reply in replies {
-                    reply.fail(copy_error(&e));
-                }
+                let failed = replies.into_iter().map(|r| (r, Err(copy_error(&e))));
+                self.answer(Durable::Committed, failed.collect(), in_flight);
                 return;
             }
         }
@@ -1067,7 +1154,7 @@ impl Writer {
         let mut results: Vec<Result<Outcome>> = Vec::with_capacity(requests.len());
         let mut staged = Staged::default();
         let store = self.store.clone();
-        let committed = store.write(|txn| {
+        let committed = store.write_logged(|txn| {
             for request in requests {
                 let result = self.apply(txn, request, ts, &mut staged)?;
                 results.push(result);
@@ -1075,11 +1162,27 @@ impl Writer {
             self.flush(txn, &staged)
         });
         match committed {
-            Ok(()) => {
-                self.publish(staged);
-                for (reply, result) in replies.into_iter().zip(results) {
-                    reply.send(result);
-                }
+            Ok(((), durable)) => {
+                let publish = self.publish(staged);
+                let answers: Vec<_> = replies.into_iter().zip(results).collect();
+                self.durable(
+                    durable,
+                    Some(Box::new(move |synced| match synced {
+                        Ok(()) => {
+                            publish.run();
+                            for (reply, result) in answers {
+                                reply.send(result);
+                            }
+                            drop(in_flight);
+                        }
+                        Err(e) => {
+                            for (reply, _) in answers {
+                                reply.fail(copy_error(&e));
+                            }
+                            drop(in_flight);
+                        }
+                    })),
+                );
             }
             Err(e) => {
                 // Reopen first, so that readers woken by these answers find
@@ -1087,16 +1190,33 @@ impl Writer {
                 self.after_failure("commit", &e);
                 self.remember_failed(&staged);
                 let mut results = results.into_iter();
-                for reply in replies {
-                    match results.next() {
-                        // A refused command was refused before the commit
-                        // and would be refused again: say why.
-                        Some(Err(refused)) => reply.fail(refused),
-                        _ => reply.fail(copy_error(&e)),
-                    }
-                }
+                let failed = replies.into_iter().map(|reply| match results.next() {
+                    // A refused command was refused before the commit
+                    // and would be refused again: say why.
+                    Some(Err(refused)) => (reply, Err(refused)),
+                    _ => (reply, Err(copy_error(&e))),
+                });
+                self.answer(Durable::Committed, failed.collect(), in_flight);
             }
         }
+    }
+
+    /// Sends `answers` once `durable` holds, in order with every commit's.
+    fn answer(
+        &mut self,
+        durable: Durable,
+        answers: Vec<(Reply, Result<Outcome>)>,
+        in_flight: Vec<OwnedSemaphorePermit>,
+    ) {
+        self.syncer.after(
+            durable,
+            Box::new(move |_| {
+                for (reply, result) in answers {
+                    reply.send(result);
+                }
+                drop(in_flight);
+            }),
+        );
     }
 
     /// Applies one request to the transaction and the caches. The outer
@@ -1527,9 +1647,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Hands a committed batch to the hub, and queues streams over their
-    /// retention limits for compaction.
-    fn publish(&mut self, staged: Staged) {
+    /// What publishing a committed batch takes (run once it is durable),
+    /// and queues streams over their retention limits for compaction.
+    fn publish(&mut self, staged: Staged) -> Publish {
         let mut updates = Vec::with_capacity(staged.streams.len());
         let mut over_limit = Vec::new();
         for (name, frames) in staged.streams {
@@ -1546,15 +1666,14 @@ impl Writer {
                 frames,
             });
         }
-        self.hub.publish(updates);
-        if !staged.checkpoints.is_empty() {
-            let mut refs = lock(&self.checkpoint_refs);
-            for (execution, reference) in staged.checkpoints {
-                refs.insert(execution, reference);
-            }
-        }
         for name in over_limit {
             self.mark_dirty(&name);
+        }
+        Publish {
+            hub: self.hub.clone(),
+            updates,
+            checkpoint_refs: self.checkpoint_refs.clone(),
+            checkpoints: staged.checkpoints,
         }
     }
 
@@ -1627,7 +1746,7 @@ impl Writer {
             }
         };
         let store = self.store.clone();
-        let (deleted, meta) = store.write(|txn| {
+        let ((deleted, meta), durable) = store.write_logged(|txn| {
             let mut freed = 0;
             let deleted = txn.delete_prefix(plan.meta.id, plan.meta.first_seq, plan.upto, |f| {
                 let go = f.seq <= plan.through_seq
@@ -1652,14 +1771,27 @@ impl Writer {
             s.oldest_ts = deleted.first_kept.map(|f| f.ts_micros);
         }
         if deleted.frames > 0 {
-            self.hub.publish(vec![StreamUpdate {
+            let hub = self.hub.clone();
+            let update = StreamUpdate {
                 stream: name.clone(),
                 first_seq: meta.first_seq,
+                // Durable by the time this runs: the frames up to it were
+                // committed before this compaction, and are published first.
                 last_seq: meta.last_seq,
                 frames: Vec::new(),
-            }]);
+            };
+            self.durable(
+                durable,
+                Some(Box::new(move |synced| {
+                    if synced.is_ok() {
+                        hub.publish(vec![update]);
+                    }
+                })),
+            );
             // More may be due than one batch deletes.
             self.mark_dirty(&name);
+        } else {
+            self.durable(durable, None);
         }
         Ok(())
     }

@@ -46,18 +46,31 @@
 //! Schema version 2 introduced chunks; a version 1 file (one row per frame)
 //! is refused with a message naming both versions, not migrated.
 //!
+//! # Durability
+//!
+//! [`Store::write`] commits with redb's immediate durability.
+//! [`Store::write_logged`] describes the transaction's changes in a record of
+//! the write-ahead log (`tether.wal` beside the store, see [`crate::wal`]),
+//! appends it, and commits to redb without durability: the caller makes it
+//! durable by syncing the log. Any durable commit ([`Store::persist`] when
+//! nothing else is due) makes every earlier one durable too and empties the
+//! log. The `meta` table's `wal_applied` is the number of the last record
+//! the state includes, written by each logged transaction itself; opening
+//! the store applies the records above it.
+//!
 //! # Failures
 //!
 //! After a failed commit redb refuses further work on the same handle (it
 //! cannot know what reached the disk), so [`Store::recover`] reopens the file,
-//! letting redb's own recovery bring it back to the last commit.
+//! letting redb's own recovery bring it back to its last durable commit,
+//! and applies the log's records again on top.
 
 use std::collections::HashMap;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use bytes::Bytes;
 use redb::{
@@ -67,6 +80,8 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use tether_protocol::{ConsumerInfo, Frame, FrameKind, StreamInfo};
 
+use crate::syncer::Durable;
+use crate::wal::{self, Op, RawBytes, RecordBuf, Wal};
 use crate::{Error, Result};
 
 /// The layout version this build reads and writes. A file with another
@@ -92,6 +107,9 @@ const STEPS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("st
 
 const META_SCHEMA_VERSION: &str = "schema_version";
 const META_NEXT_STREAM_ID: &str = "next_stream_id";
+/// The number of the last write-ahead log record this state includes (see
+/// [`crate::wal`]); missing means none.
+const META_WAL_APPLIED: &str = "wal_applied";
 
 /// Per-stream bookkeeping, stored beside the frames it describes.
 ///
@@ -246,22 +264,68 @@ pub struct Store {
     closed: AtomicBool,
     /// Set by a failed write: the handle must be reopened before the next one.
     needs_reopen: AtomicBool,
+    /// The write-ahead log. Locked after `db` whenever both are.
+    wal: Mutex<Wal>,
 }
 
 impl Store {
     /// Opens the store at `path`, creating it when missing. A file that
     /// exists but cannot be opened as a tether store is
     /// [`Error::CorruptStore`]; the daemon must then refuse to start.
+    ///
+    /// The write-ahead log beside it (`path` with the extension `wal`) is
+    /// replayed: what it holds beyond the store is applied and committed
+    /// durably before anything else happens.
     pub fn open(path: &Path) -> Result<Store> {
+        Self::open_with(path, wal::DEFAULT_CAPACITY)
+    }
+
+    /// [`Store::open`] with a log of `wal_capacity` bytes.
+    pub fn open_with(path: &Path, wal_capacity: u64) -> Result<Store> {
+        let existed = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
         let db = open_database(path)?;
+        let mut log = Wal::open(&path.with_extension("wal"), wal_capacity)?;
+        if !existed {
+            // A new store: a log left beside a store file that was removed
+            // belongs to that store, not to this one.
+            log.restart(1)?;
+        }
         let store = Store {
             path: path.to_path_buf(),
             db: RwLock::new(Some(db)),
             closed: AtomicBool::new(false),
             needs_reopen: AtomicBool::new(false),
+            wal: Mutex::new(log),
         };
         store.init_schema()?;
+        if existed {
+            let guard = store.handle()?;
+            replay(guard_db(&guard)?, &mut store.wal())?;
+        }
         Ok(store)
+    }
+
+    /// The write-ahead log, for the syncer (see [`Wal::sync_handle`]).
+    pub fn wal_sync_handle(&self) -> wal::SyncHandle {
+        let store = std::fs::File::open(&self.path)
+            .ok()
+            .map(std::sync::Arc::new);
+        self.wal().sync_handle(store)
+    }
+
+    /// The ticket of the last record appended to the write-ahead log.
+    pub fn wal_written(&self) -> u64 {
+        self.wal().written()
+    }
+
+    /// Whether the write-ahead log holds commits the store does not hold
+    /// durably (after a replay, until the next persist).
+    pub fn wal_has_records(&self) -> bool {
+        self.wal().has_records()
+    }
+
+    fn wal(&self) -> std::sync::MutexGuard<'_, Wal> {
+        self.wal.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The store file.
@@ -331,9 +395,36 @@ impl Store {
     /// is on disk. When `f` or the commit fails nothing of it is stored, and
     /// the handle is marked for [`Store::recover`].
     pub fn write<T>(&self, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) -> Result<T> {
+        self.write_as(false, f).map(|(value, _)| value)
+    }
+
+    /// Runs `f` in one write transaction and commits it through the
+    /// write-ahead log when the log can describe everything `f` did (see
+    /// [`crate::wal`]): the commit is then durable once the log is synced
+    /// through the returned ticket, and this process sees it at once.
+    /// Otherwise (a change the log does not describe, or a full log) the
+    /// commit is durable when this returns, like [`Store::write`].
+    pub fn write_logged<T>(
+        &self,
+        f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
+    ) -> Result<(T, Durable)> {
+        self.write_as(true, f)
+    }
+
+    /// Makes every commit so far durable in the store itself, so that the
+    /// log is no longer needed and starts again from its beginning.
+    pub fn persist(&self) -> Result<()> {
+        self.write(|_| Ok(()))
+    }
+
+    fn write_as<T>(
+        &self,
+        logged: bool,
+        f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
+    ) -> Result<(T, Durable)> {
         let guard = self.handle()?;
         let db = guard_db(&guard)?;
-        let result = write_in(db, f);
+        let result = write_in(db, &mut self.wal(), logged, f);
         if result.is_err() {
             self.needs_reopen.store(true, Ordering::Release);
         }
@@ -354,6 +445,9 @@ impl Store {
         // gone before the file can be opened again.
         drop(slot.take());
         let db = open_database(&self.path)?;
+        // Commits that reached the log but not the store (the one that
+        // failed, if its record was written) are applied again.
+        replay(&db, &mut self.wal())?;
         *slot = Some(db);
         self.needs_reopen.store(false, Ordering::Release);
         tracing::info!(path = %self.path.display(), "store reopened after a failed write");
@@ -738,6 +832,12 @@ pub struct WriteTxn<'t> {
     steps: Table<'t, (&'static str, &'static str), &'static [u8]>,
     /// Reused encoding buffer, so that appending a frame does not allocate.
     scratch: Vec<u8>,
+    /// The log record describing this transaction, when it is to be
+    /// logged; `None` also while a replay applies one.
+    record: Option<RecordBuf>,
+    /// A change the log cannot describe was made: the commit must be
+    /// durable in the store itself.
+    unlogged: bool,
 }
 
 impl std::fmt::Debug for WriteTxn<'_> {
@@ -753,8 +853,15 @@ impl WriteTxn<'_> {
         let bytes = postcard::to_extend(meta, std::mem::take(&mut self.scratch))
             .map_err(|e| Error::Storage(format!("cannot encode stream {name:?}: {e}")))?;
         let result = self.streams.insert(name, bytes.as_slice()).map(drop);
+        let logged = match &mut self.record {
+            Some(record) => record.push(&Op::Stream {
+                name,
+                meta: RawBytes(&bytes),
+            }),
+            None => Ok(()),
+        };
         self.scratch = bytes;
-        result.map_err(storage)
+        result.map_err(storage).and(logged)
     }
 
     /// Stores one frame. Frames of one stream appended in one transaction
@@ -769,7 +876,7 @@ impl WriteTxn<'_> {
         // continuation check is for callers that skip seqs (none do today).
         if pending.next_seq() != seq || !pending.has_room_for(frame) {
             let done = std::mem::replace(pending, PendingChunk::new(seq));
-            insert_chunk(&mut self.chunks, stream_id, done)?;
+            insert_chunk(&mut self.chunks, &mut self.record, stream_id, done)?;
         }
         pending.push(frame)
     }
@@ -778,7 +885,7 @@ impl WriteTxn<'_> {
     /// transaction (and the commit) sees them.
     fn flush_chunks(&mut self) -> Result<()> {
         for (stream_id, chunk) in self.pending.drain() {
-            insert_chunk(&mut self.chunks, stream_id, chunk)?;
+            insert_chunk(&mut self.chunks, &mut self.record, stream_id, chunk)?;
         }
         Ok(())
     }
@@ -792,8 +899,58 @@ impl WriteTxn<'_> {
     ) -> Result<()> {
         self.producers
             .insert((stream_id, producer), (state.producer_seq, state.seq))
-            .map(drop)
-            .map_err(storage)
+            .map_err(storage)?;
+        self.log(&Op::Producer {
+            stream_id,
+            producer,
+            producer_seq: state.producer_seq,
+            seq: state.seq,
+        })
+    }
+
+    /// Adds `op` to the transaction's log record, if it has one.
+    fn log(&mut self, op: &Op<'_>) -> Result<()> {
+        match &mut self.record {
+            Some(record) => record.push(op),
+            None => Ok(()),
+        }
+    }
+
+    /// Applies one change of a replayed log record.
+    fn apply(&mut self, op: Op<'_>) -> Result<()> {
+        match op {
+            Op::Stream { name, meta } => self.streams.insert(name, meta.0).map(drop),
+            Op::Chunk {
+                stream_id,
+                first_seq,
+                chunk,
+            } => self
+                .chunks
+                .insert((stream_id, first_seq), chunk.0)
+                .map(drop),
+            Op::RemoveChunksBelow { stream_id, below } => self
+                .chunks
+                .retain_in((stream_id, 0)..(stream_id, below), |_, _| false),
+            Op::Producer {
+                stream_id,
+                producer,
+                producer_seq,
+                seq,
+            } => self
+                .producers
+                .insert((stream_id, producer), (producer_seq, seq))
+                .map(drop),
+            Op::Consumer {
+                stream_id,
+                consumer,
+                acked_through,
+            } => self
+                .consumers
+                .insert((stream_id, consumer), acked_through)
+                .map(drop),
+            Op::NextStreamId(id) => self.meta.insert(META_NEXT_STREAM_ID, id).map(drop),
+        }
+        .map_err(storage)
     }
 
     /// Stores a durable consumer's ack.
@@ -805,12 +962,17 @@ impl WriteTxn<'_> {
     ) -> Result<()> {
         self.consumers
             .insert((stream_id, consumer), acked_through)
-            .map(drop)
-            .map_err(storage)
+            .map_err(storage)?;
+        self.log(&Op::Consumer {
+            stream_id,
+            consumer,
+            acked_through,
+        })
     }
 
     /// Stores an execution's encoded manifest.
     pub fn put_execution(&mut self, id: &str, manifest: &[u8]) -> Result<()> {
+        self.unlogged = true;
         self.executions
             .insert(id, manifest)
             .map(drop)
@@ -836,6 +998,7 @@ impl WriteTxn<'_> {
     /// Stores checkpoint `id` of an execution (an encoded
     /// [`Record`](crate::checkpoint::Record)).
     pub fn put_checkpoint(&mut self, execution: &str, id: u64, record: &[u8]) -> Result<()> {
+        self.unlogged = true;
         self.checkpoints
             .insert((execution, id), record)
             .map(drop)
@@ -844,6 +1007,7 @@ impl WriteTxn<'_> {
 
     /// Deletes an execution's checkpoints with ids below `first_kept`.
     pub fn delete_checkpoints_before(&mut self, execution: &str, first_kept: u64) -> Result<()> {
+        self.unlogged = true;
         self.checkpoints
             .retain_in((execution, 0)..(execution, first_kept), |_, _| false)
             .map_err(storage)
@@ -867,6 +1031,7 @@ impl WriteTxn<'_> {
 
     /// Records the result of a durable step.
     pub fn put_step(&mut self, execution: &str, step: &str, result: &[u8]) -> Result<()> {
+        self.unlogged = true;
         self.steps
             .insert((execution, step), result)
             .map(drop)
@@ -875,10 +1040,8 @@ impl WriteTxn<'_> {
 
     /// Records the id the next new stream gets.
     pub fn set_next_stream_id(&mut self, id: u64) -> Result<()> {
-        self.meta
-            .insert(META_NEXT_STREAM_ID, id)
-            .map(drop)
-            .map_err(storage)
+        self.meta.insert(META_NEXT_STREAM_ID, id).map_err(storage)?;
+        self.log(&Op::NextStreamId(id))
     }
 
     /// Deletes frames of a stream from `from_seq` on, in seq order, while
@@ -968,42 +1131,169 @@ impl WriteTxn<'_> {
         if let Some(e) = failure {
             return Err(e);
         }
+        self.log(&Op::RemoveChunksBelow {
+            stream_id,
+            below: new_first,
+        })?;
         if let Some((first, value)) = straddling {
             let rest = chunk_from(first, &value, new_first)
                 .map_err(|e| corrupt_chunk(stream_id, first, &e))?;
             self.chunks
                 .insert((stream_id, new_first), rest.as_slice())
                 .map_err(storage)?;
+            self.log(&Op::Chunk {
+                stream_id,
+                first_seq: new_first,
+                chunk: RawBytes(&rest),
+            })?;
         }
         Ok(())
     }
 }
 
-fn write_in<T>(db: &Database, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) -> Result<T> {
+/// Opens the tables of `txn` for writing.
+fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> Result<WriteTxn<'_>> {
+    Ok(WriteTxn {
+        streams: txn.open_table(STREAMS).map_err(storage)?,
+        chunks: txn.open_table(CHUNKS).map_err(storage)?,
+        pending: HashMap::new(),
+        producers: txn.open_table(PRODUCERS).map_err(storage)?,
+        consumers: txn.open_table(CONSUMERS).map_err(storage)?,
+        meta: txn.open_table(META).map_err(storage)?,
+        executions: txn.open_table(EXECUTIONS).map_err(storage)?,
+        checkpoints: txn.open_table(CHECKPOINTS).map_err(storage)?,
+        steps: txn.open_table(STEPS).map_err(storage)?,
+        scratch: Vec::new(),
+        record,
+        unlogged: false,
+    })
+}
+
+/// Runs `f` in one write transaction and commits it: through the log when
+/// `logged` and the log can describe it and has room, else durably (after
+/// which the log starts again).
+fn write_in<T>(
+    db: &Database,
+    log: &mut Wal,
+    logged: bool,
+    f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
+) -> Result<(T, Durable)> {
     let mut txn = db.begin_write().map_err(storage)?;
-    txn.set_durability(Durability::Immediate).map_err(storage)?;
-    let value = {
-        let mut tables = WriteTxn {
-            streams: txn.open_table(STREAMS).map_err(storage)?,
-            chunks: txn.open_table(CHUNKS).map_err(storage)?,
-            pending: HashMap::new(),
-            producers: txn.open_table(PRODUCERS).map_err(storage)?,
-            consumers: txn.open_table(CONSUMERS).map_err(storage)?,
-            meta: txn.open_table(META).map_err(storage)?,
-            executions: txn.open_table(EXECUTIONS).map_err(storage)?,
-            checkpoints: txn.open_table(CHECKPOINTS).map_err(storage)?,
-            steps: txn.open_table(STEPS).map_err(storage)?,
-            scratch: Vec::new(),
-        };
-        f(&mut tables).and_then(|value| tables.flush_chunks().map(|()| value))
+    let outcome = {
+        let mut tables = tables(&txn, logged.then(|| log.take_buf()))?;
+        f(&mut tables)
+            .and_then(|value| tables.flush_chunks().map(|()| value))
+            .and_then(|value| {
+                // The record's number goes into the state it describes, so
+                // that a replay knows the store already holds it.
+                let record = match tables.record.take() {
+                    Some(record) if !tables.unlogged && log.fits(record.len()) => {
+                        if !record.is_empty() {
+                            tables
+                                .meta
+                                .insert(META_WAL_APPLIED, log.next_number())
+                                .map_err(storage)?;
+                        }
+                        Some(record)
+                    }
+                    _ => None,
+                };
+                Ok((value, record))
+            })
     };
-    match value {
-        Ok(value) => commit(txn).map(|()| value),
+    let (value, record) = match outcome {
+        Ok(done) => done,
         Err(e) => {
             // Dropping the transaction would abort it too; aborting
             // explicitly reports a failure to do so.
             if let Err(abort) = txn.abort() {
                 tracing::warn!("aborting a failed write transaction: {abort}");
+            }
+            return Err(e);
+        }
+    };
+    if let Some(mut record) = record {
+        let ticket = if record.is_empty() {
+            // Nothing changed; answering still waits for what came before.
+            Ok(log.written())
+        } else {
+            log.append(&mut record)
+        };
+        log.give_back(record);
+        match ticket {
+            Ok(ticket) => {
+                txn.set_durability(Durability::None).map_err(storage)?;
+                commit(txn)?;
+                return Ok((value, Durable::Logged(ticket)));
+            }
+            Err(e) => {
+                // The store itself can still take it: commit durably.
+                tracing::warn!("{e}; committing to the store directly");
+                let number = log.next_number();
+                txn.set_durability(Durability::Immediate).map_err(storage)?;
+                commit(txn)?;
+                log.restart(number + 1)?;
+                return Ok((value, Durable::Committed));
+            }
+        }
+    }
+    txn.set_durability(Durability::Immediate).map_err(storage)?;
+    commit(txn)?;
+    log.restart(log.next_number())?;
+    Ok((value, Durable::Committed))
+}
+
+/// Applies what the log holds beyond the store (see [`crate::wal`]) and
+/// returns how many records that was. The replay is committed without
+/// durability and the log goes on after the records it applied: they stay
+/// in the log until the next persist. (So a replay needs no disk space: on
+/// a full disk the store still opens, with everything acknowledged, and
+/// reads go on.)
+fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
+    let mut txn = db.begin_write().map_err(storage)?;
+    let replayed = {
+        let mut tables = tables(&txn, None)?;
+        let applied = tables
+            .meta
+            .get(META_WAL_APPLIED)
+            .map_err(storage)?
+            .map_or(0, |v| v.value());
+        log.replay(applied, |_, body| {
+            for op in wal::ops(body) {
+                tables.apply(op?)?;
+            }
+            Ok(())
+        })
+        .and_then(|replayed| {
+            if replayed.last > applied {
+                tables
+                    .meta
+                    .insert(META_WAL_APPLIED, replayed.last)
+                    .map_err(storage)?;
+            }
+            Ok((applied, replayed))
+        })
+    };
+    match replayed {
+        Ok((applied, replayed)) if replayed.last > applied => {
+            txn.set_durability(Durability::None).map_err(storage)?;
+            commit(txn)?;
+            tracing::info!(
+                log = %log.path().display(),
+                records = replayed.last - applied,
+                "applied the log's commits the store did not hold"
+            );
+            log.resume(replayed);
+            Ok(replayed.last - applied)
+        }
+        Ok((applied, _)) => {
+            txn.abort().map_err(storage)?;
+            log.restart(applied + 1)?;
+            Ok(0)
+        }
+        Err(e) => {
+            if let Err(abort) = txn.abort() {
+                tracing::warn!("aborting a failed replay: {abort}");
             }
             Err(e)
         }
@@ -1134,7 +1424,7 @@ fn storage(e: impl Into<redb::Error>) -> Error {
     }
 }
 
-fn is_disk_full(e: &io::Error) -> bool {
+pub(crate) fn is_disk_full(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
@@ -1225,17 +1515,26 @@ impl PendingChunk {
 
 fn insert_chunk(
     table: &mut Table<'_, (u64, u64), &'static [u8]>,
+    record: &mut Option<RecordBuf>,
     stream_id: u64,
     chunk: PendingChunk,
 ) -> Result<()> {
     if chunk.count == 0 {
         return Ok(());
     }
-    let first = chunk.first_seq;
+    let first_seq = chunk.first_seq;
+    let bytes = chunk.finish();
     table
-        .insert((stream_id, first), chunk.finish().as_slice())
-        .map(drop)
-        .map_err(storage)
+        .insert((stream_id, first_seq), bytes.as_slice())
+        .map_err(storage)?;
+    match record {
+        Some(record) => record.push(&Op::Chunk {
+            stream_id,
+            first_seq,
+            chunk: RawBytes(&bytes),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The key (first seq) of the chunk that would hold `seq`: the greatest at
@@ -1592,6 +1891,156 @@ mod tests {
             .unwrap();
         assert_eq!(deleted.frames, 3);
         assert_eq!(store.frame_ts(7, 8).unwrap(), None);
+    }
+
+    /// The store and log files as a crash would leave them now: copied
+    /// while the store is open, so the copy has the store's last durable
+    /// commit and whatever the log holds.
+    fn crash_copy(from: &Path, to: &Path, with_log: bool) -> PathBuf {
+        let copy = to.join("t.redb");
+        std::fs::copy(from, &copy).unwrap();
+        if with_log {
+            std::fs::copy(from.with_extension("wal"), copy.with_extension("wal")).unwrap();
+        }
+        copy
+    }
+
+    fn stored_ts(store: &Store, from: u64, to: u64) -> Vec<Option<u64>> {
+        (from..=to)
+            .map(|seq| store.frame_ts(7, seq).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn logged_commits_only_the_log_holds_are_replayed_after_a_crash() {
+        let (dir, store) = store();
+        let path = dir.path().join("t.redb");
+        put(&store, 1, 4);
+        let logged = |from: u64, to: u64| {
+            store
+                .write_logged(|txn| {
+                    for seq in from..=to {
+                        let payload = Bytes::from(format!("frame {seq}"));
+                        txn.put_frame(
+                            7,
+                            seq,
+                            &Frame {
+                                ts_micros: seq,
+                                kind: FrameKind::Data,
+                                payload,
+                            },
+                        )?;
+                    }
+                    txn.put_consumer(7, "c", to)
+                })
+                .unwrap()
+                .1
+        };
+        assert!(matches!(logged(5, 8), Durable::Logged(_)));
+        let (deleted, durable) = store
+            .write_logged(|txn| txn.delete_prefix(7, 1, 8, |info| info.seq < 6))
+            .unwrap();
+        assert_eq!(
+            (deleted.frames, matches!(durable, Durable::Logged(_))),
+            (5, true)
+        );
+        assert!(matches!(logged(9, 10), Durable::Logged(_)));
+        let expected: Vec<Option<u64>> = [
+            None,
+            None,
+            None,
+            None,
+            None,
+            Some(6),
+            Some(7),
+            Some(8),
+            Some(9),
+            Some(10),
+        ]
+        .into();
+        assert_eq!(stored_ts(&store, 1, 10), expected);
+
+        // Without the log, the crash loses every logged commit...
+        let bare = tempfile::tempdir().unwrap();
+        let without = Store::open(&crash_copy(&path, bare.path(), false)).unwrap();
+        assert_eq!(
+            stored_ts(&without, 1, 10),
+            [
+                Some(1),
+                Some(2),
+                Some(3),
+                Some(4),
+                None,
+                None,
+                None,
+                None,
+                None,
+                None
+            ]
+        );
+        // ...with it, the store comes back exactly as it was, deletion
+        // and rewritten chunk included.
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&path, crashed.path(), true);
+        let recovered = Store::open(&copy).unwrap();
+        assert_eq!(stored_ts(&recovered, 1, 10), expected);
+        let consumers = recovered.load().unwrap().consumers;
+        assert_eq!(consumers, vec![(7, "c".to_owned(), 10)]);
+        // New logged commits follow on from the replayed ones, which stay
+        // in the log until a persist: a second crash keeps all of them.
+        let more = recovered
+            .write_logged(|txn| txn.put_consumer(7, "c", 11))
+            .unwrap()
+            .1;
+        assert!(matches!(more, Durable::Logged(_)));
+        let again = tempfile::tempdir().unwrap();
+        let twice = Store::open(&crash_copy(&copy, again.path(), true)).unwrap();
+        assert_eq!(stored_ts(&twice, 1, 10), expected);
+        assert_eq!(
+            twice.load().unwrap().consumers,
+            vec![(7, "c".to_owned(), 11)]
+        );
+        // Once persisted, the store holds them without the log.
+        recovered.persist().unwrap();
+        let persisted = tempfile::tempdir().unwrap();
+        let bare = Store::open(&crash_copy(&copy, persisted.path(), false)).unwrap();
+        assert_eq!(stored_ts(&bare, 1, 10), expected);
+        assert_eq!(
+            bare.load().unwrap().consumers,
+            vec![(7, "c".to_owned(), 11)]
+        );
+    }
+
+    #[test]
+    fn a_log_that_does_not_join_the_store_is_refused() {
+        let (dir, store) = store();
+        let path = dir.path().join("t.redb");
+        put(&store, 1, 2);
+        store
+            .write_logged(|txn| txn.put_consumer(7, "c", 1))
+            .unwrap();
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&path, crashed.path(), true);
+        // The store from before the log began (say, restored from a
+        // backup) with a log numbered further on.
+        store.persist().unwrap();
+        store
+            .write_logged(|txn| txn.put_consumer(7, "c", 2))
+            .unwrap();
+        store.persist().unwrap();
+        store
+            .write_logged(|txn| txn.put_consumer(7, "c", 3))
+            .unwrap();
+        std::fs::copy(path.with_extension("wal"), copy.with_extension("wal")).unwrap();
+        let err = Store::open(&copy).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, Error::CorruptStore { .. })
+                && text.contains("t.wal")
+                && text.contains("starts at record 3")
+                && text.contains("through 0"),
+            "{text}"
+        );
     }
 
     #[test]

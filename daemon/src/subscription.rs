@@ -277,10 +277,14 @@ impl Subscription {
         let store = self.store.clone();
         let stream = self.stream.clone();
         let from = self.next_seq;
+        // The store may hold commits that are not durable yet (only the
+        // write-ahead log will make them so): read no further than the hub
+        // has published.
+        let published = self.hub.range(&self.stream).map_or(0, |(_, last)| last);
         let limits = ReadLimits {
             max_frames: READ_MAX_FRAMES,
             max_bytes: READ_MAX_BYTES,
-            through_seq: self.end.unwrap_or(u64::MAX),
+            through_seq: self.end.unwrap_or(u64::MAX).min(published),
         };
         tokio::task::spawn_blocking(move || store.read_frames_into(&stream, from, limits, new_sink))
             .await

@@ -57,6 +57,14 @@ fn a_kill_9_during_heavy_commits_is_recovered_with_every_acknowledged_frame() {
     d.kill9();
     d.restart();
     raw::assert_stored(&socket, "done", 3000);
+    // The acknowledged commits since the store's last persist were in the
+    // write-ahead log only, and came back from it.
+    assert!(
+        d.logs()
+            .contains("applied the log's commits the store did not hold"),
+        "the restart did not replay the log:\n{}",
+        d.logs()
+    );
     // The publisher rides through the restart and exits 0 only once every
     // line is stored: then all of them are there, once.
     feeder.finish();
