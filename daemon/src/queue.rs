@@ -182,6 +182,8 @@ impl Queue {
             compaction_paused_until: None,
         };
         writer.install(snapshot);
+        // The hub has every stream before anyone can subscribe.
+        writer.syncer.wait_for_jobs();
         let handle = spawn_writer(writer)?;
         Ok(Queue {
             inner: Arc::new(Inner {

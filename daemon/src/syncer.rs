@@ -80,6 +80,19 @@ impl Syncer {
         }
     }
 
+    /// Waits until every job sent so far has run.
+    pub fn wait_for_jobs(&self) {
+        let (tx, rx) = mpsc::channel();
+        self.after(
+            Durable::Committed,
+            Box::new(move |_| {
+                let _ = tx.send(());
+            }),
+        );
+        // An error means the job ran with the thread gone: nothing to wait for.
+        let _ = rx.recv();
+    }
+
     /// Whether a sync failed since the last durable job: the writer must
     /// persist the store.
     pub fn failed(&self) -> bool {
