@@ -6,6 +6,9 @@
 //! * [`queue`] owns the writer thread: it assigns seqs, deduplicates
 //!   producers, group-commits appends and acks, compacts off the hot path and
 //!   hands committed frames to [`hub`] for live fan-out.
+//! * [`wal`] is the write-ahead log in front of redb: a commit is one
+//!   synced append; [`syncer`] syncs it, then publishes and answers in
+//!   commit order.
 //! * [`subscription`] turns "everything after seq K" into a gap-free series
 //!   of batches, switching between store reads and live batches.
 //! * [`server`] accepts connections; [`access`] judges each peer's

@@ -167,8 +167,6 @@ impl Queue {
             store: store.clone(),
             hub: hub.clone(),
             syncer: Syncer::start(store.wal_sync_handle())?,
-            // A replay leaves its commits in the log until a persist.
-            unpersisted_since: store.wal_has_records().then(Instant::now),
             checkpoint_refs: checkpoint_refs.clone(),
             opts,
             rx,
@@ -867,9 +865,6 @@ struct Writer {
     /// commits in order and only once they are durable.
     hub: Arc<Hub>,
     syncer: Syncer,
-    /// When the first commit that only the log holds was made; `None`
-    /// while the store itself holds every commit.
-    unpersisted_since: Option<Instant>,
     checkpoint_refs: CheckpointRefs,
     opts: QueueOptions,
     rx: mpsc::Receiver<Command>,
@@ -913,7 +908,7 @@ impl Writer {
                 Wait::Closed => break,
             }
         }
-        if self.unpersisted_since.is_some() {
+        if self.store.unpersisted_since().is_some() {
             if let Err(e) = self.store.persist() {
                 tracing::warn!("persisting the store on close failed: {e}");
             }
@@ -962,7 +957,7 @@ impl Writer {
         let pause = self
             .compaction_paused_until
             .filter(|_| !self.dirty.is_empty());
-        let persist = self.unpersisted_since.map(|t| t + PERSIST_AFTER);
+        let persist = self.store.unpersisted_since().map(|t| t + PERSIST_AFTER);
         [age, pause, persist].into_iter().flatten().min()
     }
 
@@ -996,7 +991,8 @@ impl Writer {
             }
         }
         if self
-            .unpersisted_since
+            .store
+            .unpersisted_since()
             .is_some_and(|t| t.elapsed() >= PERSIST_AFTER)
         {
             self.persist();
@@ -1007,21 +1003,9 @@ impl Writer {
     /// again; after a failed sync of the log, also what it could not sync.
     fn persist(&mut self) {
         match self.store.persist() {
-            Ok(()) => self.durable(Durable::Committed, None),
+            Ok(()) => self.syncer.after(Durable::Committed, Box::new(|_| {})),
             Err(e) => self.after_failure("persisting the store", &e),
         }
-    }
-
-    /// Notes how a commit was made durable, and runs `then` once it is.
-    fn durable(&mut self, durable: Durable, then: Option<crate::syncer::Then>) {
-        match durable {
-            Durable::Committed => self.unpersisted_since = None,
-            Durable::Logged(_) => {
-                self.unpersisted_since.get_or_insert_with(Instant::now);
-            }
-        }
-        let then = then.unwrap_or_else(|| Box::new(|_| {}));
-        self.syncer.after(durable, then);
     }
 
     /// Replaces the caches with `snapshot` and tells the hub.
@@ -1034,12 +1018,9 @@ impl Writer {
             .map(|(name, s)| (name.clone(), s.meta.first_seq, s.meta.last_seq))
             .collect();
         let hub = self.hub.clone();
-        // The store was just loaded (after a replay, if one was due): it
-        // holds everything durably.
-        self.durable(
-            Durable::Committed,
-            Some(Box::new(move |_| hub.reset(ranges))),
-        );
+        // In line after the commits before it, which it supersedes.
+        self.syncer
+            .after(Durable::Nothing, Box::new(move |_| hub.reset(ranges)));
         // Compaction may have been behind the acks when the state was last
         // saved: look at every stream once.
         let names: Vec<String> = self.state.streams.keys().cloned().collect();
@@ -1132,7 +1113,7 @@ impl Writer {
             });
             // The compaction's commits are logged: answered once synced.
             let durable = Durable::Logged(self.store.wal_written());
-            self.answer(durable, answers.collect(), in_flight);
+            self.answer(durable, None, answers.collect(), in_flight);
         }
     }
 
@@ -1148,7 +1129,7 @@ impl Writer {
         if !self.healthy {
             if let Err(e) = self.recover() {
                 let failed = replies.into_iter().map(|r| (r, Err(copy_error(&e))));
-                self.answer(Durable::Committed, failed.collect(), in_flight);
+                self.answer(Durable::Nothing, None, failed.collect(), in_flight);
                 return;
             }
         }
@@ -1166,25 +1147,8 @@ impl Writer {
         match committed {
             Ok(((), durable)) => {
                 let publish = self.publish(staged);
-                let answers: Vec<_> = replies.into_iter().zip(results).collect();
-                self.durable(
-                    durable,
-                    Some(Box::new(move |synced| match synced {
-                        Ok(()) => {
-                            publish.run();
-                            for (reply, result) in answers {
-                                reply.send(result);
-                            }
-                            drop(in_flight);
-                        }
-                        Err(e) => {
-                            for (reply, _) in answers {
-                                reply.fail(copy_error(&e));
-                            }
-                            drop(in_flight);
-                        }
-                    })),
-                );
+                let answers = replies.into_iter().zip(results).collect();
+                self.answer(durable, Some(publish), answers, in_flight);
             }
             Err(e) => {
                 // Reopen first, so that readers woken by these answers find
@@ -1198,23 +1162,39 @@ impl Writer {
                     Some(Err(refused)) => (reply, Err(refused)),
                     _ => (reply, Err(copy_error(&e))),
                 });
-                self.answer(Durable::Committed, failed.collect(), in_flight);
+                self.answer(Durable::Nothing, None, failed.collect(), in_flight);
             }
         }
     }
 
-    /// Sends `answers` once `durable` holds, in order with every commit's.
+    /// Once `durable` holds, in order with every commit's: publishes
+    /// `publish` and sends `answers`; if it cannot be made to hold, fails
+    /// every answer with the reason instead. Gives back `in_flight` either
+    /// way.
     fn answer(
         &mut self,
         durable: Durable,
+        publish: Option<Publish>,
         answers: Vec<(Reply, Result<Outcome>)>,
         in_flight: Vec<OwnedSemaphorePermit>,
     ) {
         self.syncer.after(
             durable,
-            Box::new(move |_| {
-                for (reply, result) in answers {
-                    reply.send(result);
+            Box::new(move |synced| {
+                match synced {
+                    Ok(()) => {
+                        if let Some(publish) = publish {
+                            publish.run();
+                        }
+                        for (reply, result) in answers {
+                            reply.send(result);
+                        }
+                    }
+                    Err(e) => {
+                        for (reply, _) in answers {
+                            reply.fail(copy_error(&e));
+                        }
+                    }
                 }
                 drop(in_flight);
             }),
@@ -1773,27 +1753,23 @@ impl Writer {
             s.oldest_ts = deleted.first_kept.map(|f| f.ts_micros);
         }
         if deleted.frames > 0 {
-            let hub = self.hub.clone();
-            let update = StreamUpdate {
-                stream: name.clone(),
-                first_seq: meta.first_seq,
-                // Durable by the time this runs: the frames up to it were
-                // committed before this compaction, and are published first.
-                last_seq: meta.last_seq,
-                frames: Vec::new(),
+            let publish = Publish {
+                hub: self.hub.clone(),
+                updates: vec![StreamUpdate {
+                    stream: name.clone(),
+                    first_seq: meta.first_seq,
+                    // Durable by the time this runs: the frames up to it
+                    // were committed before this compaction, and are
+                    // published first.
+                    last_seq: meta.last_seq,
+                    frames: Vec::new(),
+                }],
+                checkpoint_refs: self.checkpoint_refs.clone(),
+                checkpoints: Vec::new(),
             };
-            self.durable(
-                durable,
-                Some(Box::new(move |synced| {
-                    if synced.is_ok() {
-                        hub.publish(vec![update]);
-                    }
-                })),
-            );
+            self.answer(durable, Some(publish), Vec::new(), Vec::new());
             // More may be due than one batch deletes.
             self.mark_dirty(&name);
-        } else {
-            self.durable(durable, None);
         }
         Ok(())
     }

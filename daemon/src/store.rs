@@ -274,17 +274,12 @@ impl Store {
     /// [`Error::CorruptStore`]; the daemon must then refuse to start.
     ///
     /// The write-ahead log beside it (`path` with the extension `wal`) is
-    /// replayed: what it holds beyond the store is applied and committed
-    /// durably before anything else happens.
+    /// replayed before anything else happens: what it holds beyond the
+    /// store is applied (see the module docs, "Durability").
     pub fn open(path: &Path) -> Result<Store> {
-        Self::open_with(path, wal::DEFAULT_CAPACITY)
-    }
-
-    /// [`Store::open`] with a log of `wal_capacity` bytes.
-    pub fn open_with(path: &Path, wal_capacity: u64) -> Result<Store> {
         let existed = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
         let db = open_database(path)?;
-        let mut log = Wal::open(&path.with_extension("wal"), wal_capacity)?;
+        let mut log = Wal::open(&path.with_extension("wal"), wal::DEFAULT_CAPACITY)?;
         if !existed {
             // A new store: a log left beside a store file that was removed
             // belongs to that store, not to this one.
@@ -318,10 +313,10 @@ impl Store {
         self.wal().written()
     }
 
-    /// Whether the write-ahead log holds commits the store does not hold
-    /// durably (after a replay, until the next persist).
-    pub fn wal_has_records(&self) -> bool {
-        self.wal().has_records()
+    /// Since when the write-ahead log has held commits the store may not
+    /// hold durably; `None` when the store holds every commit itself.
+    pub fn unpersisted_since(&self) -> Option<std::time::Instant> {
+        self.wal().holding_since()
     }
 
     fn wal(&self) -> std::sync::MutexGuard<'_, Wal> {
@@ -853,13 +848,10 @@ impl WriteTxn<'_> {
         let bytes = postcard::to_extend(meta, std::mem::take(&mut self.scratch))
             .map_err(|e| Error::Storage(format!("cannot encode stream {name:?}: {e}")))?;
         let result = self.streams.insert(name, bytes.as_slice()).map(drop);
-        let logged = match &mut self.record {
-            Some(record) => record.push(&Op::Stream {
-                name,
-                meta: RawBytes(&bytes),
-            }),
-            None => Ok(()),
-        };
+        let logged = self.log(&Op::Stream {
+            name,
+            meta: RawBytes(&bytes),
+        });
         self.scratch = bytes;
         result.map_err(storage).and(logged)
     }
@@ -910,10 +902,7 @@ impl WriteTxn<'_> {
 
     /// Adds `op` to the transaction's log record, if it has one.
     fn log(&mut self, op: &Op<'_>) -> Result<()> {
-        match &mut self.record {
-            Some(record) => record.push(op),
-            None => Ok(()),
-        }
+        log_to(&mut self.record, op)
     }
 
     /// Applies one change of a replayed log record.
@@ -1226,15 +1215,8 @@ fn write_in<T>(
                 commit(txn)?;
                 return Ok((value, Durable::Logged(ticket)));
             }
-            Err(e) => {
-                // The store itself can still take it: commit durably.
-                tracing::warn!("{e}; committing to the store directly");
-                let number = log.next_number();
-                txn.set_durability(Durability::Immediate).map_err(storage)?;
-                commit(txn)?;
-                log.restart(number + 1)?;
-                return Ok((value, Durable::Committed));
-            }
+            // The store itself can still take it: commit durably, below.
+            Err(e) => tracing::warn!("{e}; committing to the store directly"),
         }
     }
     txn.set_durability(Durability::Immediate).map_err(storage)?;
@@ -1527,12 +1509,22 @@ fn insert_chunk(
     table
         .insert((stream_id, first_seq), bytes.as_slice())
         .map_err(storage)?;
-    match record {
-        Some(record) => record.push(&Op::Chunk {
+    log_to(
+        record,
+        &Op::Chunk {
             stream_id,
             first_seq,
             chunk: RawBytes(&bytes),
-        }),
+        },
+    )
+}
+
+/// Adds `op` to a transaction's log record, if it has one (a function of
+/// the record alone, for callers that hold other fields of the
+/// transaction).
+fn log_to(record: &mut Option<RecordBuf>, op: &Op<'_>) -> Result<()> {
+    match record {
+        Some(record) => record.push(op),
         None => Ok(()),
     }
 }

@@ -28,8 +28,12 @@ use crate::{Error, Result};
 pub enum Durable {
     /// The log synced through this ticket.
     Logged(u64),
-    /// Nothing: redb's own commit was durable.
+    /// Nothing: redb's own commit was durable, which also makes every
+    /// logged commit before it durable (so it ends a failed sync's effect).
     Committed,
+    /// Nothing, and no commit was made: the job only keeps its place in
+    /// line (an answer that reports a failure, the hub's reset).
+    Nothing,
 }
 
 /// What runs once the job's commit is durable, or with the reason it
@@ -84,7 +88,7 @@ impl Syncer {
     pub fn wait_for_jobs(&self) {
         let (tx, rx) = mpsc::channel();
         self.after(
-            Durable::Committed,
+            Durable::Nothing,
             Box::new(move |_| {
                 let _ = tx.send(());
             }),
@@ -130,6 +134,7 @@ fn run(log: &SyncHandle, rx: &mpsc::Receiver<Job>, failed: &AtomicBool) {
                 failed.store(false, Ordering::Release);
                 Ok(())
             }
+            Durable::Nothing => Ok(()),
             Durable::Logged(ticket) => {
                 if broken.is_none() && ticket > synced {
                     match log.sync() {

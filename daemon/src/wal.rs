@@ -41,6 +41,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -59,8 +60,7 @@ pub const HEADER_LEN: usize = 16;
 /// write that extends a file also commits the file's new size and blocks
 /// through the filesystem's journal, about twice the cost of syncing an
 /// overwrite; writing zeros ahead, a step at a time, lets one sync in many
-/// pay that while the rest overwrite blocks already in place. The file is
-/// never truncated, so after its first pass every sync is an overwrite.
+/// pay that while the rest overwrite blocks already in place.
 const ZERO_STEP: u64 = 1024 * 1024;
 
 /// What [`ZERO_STEP`] is written from, a piece at a time.
@@ -121,7 +121,6 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawBytes<'a> {
 #[derive(Debug)]
 pub struct RecordBuf {
     bytes: Vec<u8>,
-    ops: usize,
 }
 
 impl Default for RecordBuf {
@@ -134,8 +133,13 @@ impl RecordBuf {
     pub fn new() -> Self {
         Self {
             bytes: vec![0; HEADER_LEN],
-            ops: 0,
         }
+    }
+
+    /// Empties the record, keeping its buffer.
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.bytes.resize(HEADER_LEN, 0);
     }
 
     /// Appends one op to the body.
@@ -143,13 +147,12 @@ impl RecordBuf {
         let bytes = std::mem::take(&mut self.bytes);
         self.bytes = postcard::to_extend(op, bytes)
             .map_err(|e| Error::Storage(format!("cannot encode a log record: {e}")))?;
-        self.ops += 1;
         Ok(())
     }
 
-    /// Whether no op was pushed.
+    /// Whether no op was pushed (an op is never encoded as nothing).
     pub fn is_empty(&self) -> bool {
-        self.ops == 0
+        self.bytes.len() == HEADER_LEN
     }
 
     /// The record's length with its header.
@@ -262,6 +265,9 @@ pub struct Wal {
     filled: u64,
     /// The number the next record gets.
     next_number: u64,
+    /// Since when the log has held a record the store may not hold
+    /// durably: from the first append (or replay) after a restart.
+    holding_since: Option<Instant>,
     written: Arc<AtomicU64>,
     /// The last record's buffer, kept for the next: a record is often
     /// hundreds of KiB, and growing a fresh one each time cost page faults.
@@ -291,6 +297,7 @@ impl Wal {
             capacity: capacity.max(HEADER_LEN as u64 + 1),
             pos: 0,
             next_number: 1,
+            holding_since: None,
             written: Arc::new(AtomicU64::new(0)),
             spare: None,
         })
@@ -316,9 +323,7 @@ impl Wal {
     pub fn take_buf(&mut self) -> RecordBuf {
         match self.spare.take() {
             Some(mut record) => {
-                record.bytes.clear();
-                record.bytes.resize(HEADER_LEN, 0);
-                record.ops = 0;
+                record.clear();
                 record
             }
             None => RecordBuf::new(),
@@ -344,9 +349,10 @@ impl Wal {
         self.written.load(Ordering::Acquire)
     }
 
-    /// Whether records were appended since the last restart.
-    pub fn has_records(&self) -> bool {
-        self.pos > 0
+    /// Since when the log has held commits the store may not hold durably
+    /// (appended or replayed since the last restart); `None` when empty.
+    pub fn holding_since(&self) -> Option<Instant> {
+        self.holding_since
     }
 
     /// Empties the log; the next record gets `next_number`. Only after a
@@ -357,6 +363,7 @@ impl Wal {
     pub fn restart(&mut self, next_number: u64) -> Result<()> {
         self.pos = 0;
         self.next_number = next_number;
+        self.holding_since = None;
         if self.filled > 0 {
             self.filled = 0;
             self.file.set_len(0).map_err(|e| {
@@ -371,6 +378,7 @@ impl Wal {
     pub fn resume(&mut self, replayed: Replayed) {
         self.pos = replayed.end;
         self.next_number = replayed.last + 1;
+        self.holding_since = Some(Instant::now());
     }
 
     /// Whether a record of `len` bytes fits before the end of the log.
@@ -379,9 +387,12 @@ impl Wal {
     }
 
     /// Appends `record` as the next numbered record (not synced). Returns
-    /// its ticket. The caller checked [`Wal::fits`].
+    /// its ticket. The caller checked [`Wal::fits`]. A record that fails
+    /// to be written still uses up its number, which the transaction it
+    /// describes stores when it is committed durably instead.
     pub fn append(&mut self, record: &mut RecordBuf) -> Result<u64> {
         let number = self.next_number;
+        self.next_number += 1;
         let len = record.len() as u64;
         if self.pos + len > self.filled {
             self.fill_to(self.pos + len)?;
@@ -391,7 +402,7 @@ impl Wal {
             .write_all_at(bytes, self.pos)
             .map_err(|e| self.write_error(&e))?;
         self.pos += len;
-        self.next_number += 1;
+        self.holding_since.get_or_insert_with(Instant::now);
         Ok(self.written.fetch_add(len, Ordering::AcqRel) + len)
     }
 
