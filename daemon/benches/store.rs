@@ -54,6 +54,26 @@ fn store(c: &mut Criterion) {
         b.iter(|| append_batch(&store, &mut meta, &frame))
     });
 
+    // W0's commit: one frame, logged (the log's sync is not included).
+    group.throughput(Throughput::Elements(1));
+    let (_dir, store, mut meta) = open();
+    group.bench_function("append one frame (logged commit, unsynced)", |b| {
+        b.iter(|| {
+            store
+                .write_logged(
+                    |txn| {
+                        meta.last_seq += 1;
+                        meta.frames += 1;
+                        txn.put_frame(STREAM_ID, meta.last_seq, &frame)?;
+                        txn.put_stream(NAME, &meta)
+                    },
+                    |_| {},
+                )
+                .unwrap()
+        })
+    });
+    group.throughput(Throughput::Elements(BATCH));
+
     let (_dir, store, mut meta) = open();
     for _ in 0..100 {
         append_batch(&store, &mut meta, &frame);

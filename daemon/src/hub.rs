@@ -187,6 +187,29 @@ impl Hub {
         }
     }
 
+    /// Records the committed ranges of one commit, ahead of
+    /// [`Hub::publish`]: readers see them from now on, and a follower
+    /// registered in between is handed frames it reads from the store
+    /// too, which it skips.
+    pub fn advance(&self, updates: &[StreamUpdate]) {
+        let mut state = self.lock();
+        for update in updates {
+            if let Some(live) = state.streams.get_mut(&update.stream) {
+                live.first_seq = update.first_seq;
+                live.last_seq = update.last_seq;
+            } else {
+                state.streams.insert(
+                    update.stream.clone(),
+                    LiveStream {
+                        first_seq: update.first_seq,
+                        last_seq: update.last_seq,
+                        followers: Vec::new(),
+                    },
+                );
+            }
+        }
+    }
+
     /// Records one commit and hands its frames to every follower of their
     /// streams. Must be called in commit order, after the commit.
     pub fn publish(&self, updates: Vec<StreamUpdate>) {
@@ -424,6 +447,29 @@ mod tests {
         assert_eq!(reg.queued_bytes(), 0);
         assert_eq!(hub.range("s"), Some((1, 5)));
         assert_eq!(hub.stream_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn advance_shows_a_commit_to_readers_before_its_frames_are_handed_out() {
+        let hub = Arc::new(Hub::new(FollowerBudget::default()));
+        hub.publish(vec![update("s", 1..=3, 1)]);
+        let mut before = hub.register("s").unwrap();
+        let commit = vec![update("s", 4..=5, 1), update("new", 1..=2, 1)];
+        hub.advance(&commit);
+        assert_eq!(hub.range("s"), Some((1, 5)));
+        assert_eq!(hub.range("new"), Some((1, 2)));
+        assert!(before.rx.try_recv().is_err(), "nothing handed out yet");
+        // Registered in between: it reads 4..=5 from the store, and is
+        // also handed them live (a subscription skips what it has read).
+        let mut between = hub.register("s").unwrap();
+        assert_eq!(between.last_seq, 5);
+        hub.publish(commit);
+        for reg in [&mut before, &mut between] {
+            let batch = reg.recv().await.unwrap();
+            let seqs: Vec<u64> = batch.iter().map(|(s, _)| *s).collect();
+            assert_eq!(seqs, [4, 5]);
+        }
+        assert_eq!(hub.range("s"), Some((1, 5)));
     }
 
     #[tokio::test]

@@ -842,14 +842,22 @@ struct Publish {
 }
 
 impl Publish {
-    fn run(self) {
-        self.hub.publish(self.updates);
+    /// Makes the commit visible to readers and to `ps`: what must hold
+    /// before anyone is answered, so that a reader who was told "appended"
+    /// finds the frames.
+    fn advance(&mut self) {
+        self.hub.advance(&self.updates);
         if !self.checkpoints.is_empty() {
             let mut refs = lock(&self.checkpoint_refs);
-            for (execution, reference) in self.checkpoints {
+            for (execution, reference) in self.checkpoints.drain(..) {
                 refs.insert(execution, reference);
             }
         }
+    }
+
+    /// Hands the commit's frames to the live followers.
+    fn deliver(self) {
+        self.hub.publish(self.updates);
     }
 }
 
@@ -1137,13 +1145,17 @@ impl Writer {
         let mut results: Vec<Result<Outcome>> = Vec::with_capacity(requests.len());
         let mut staged = Staged::default();
         let store = self.store.clone();
-        let committed = store.write_logged(|txn| {
-            for request in requests {
-                let result = self.apply(txn, request, ts, &mut staged)?;
-                results.push(result);
-            }
-            self.flush(txn, &staged)
-        });
+        let sync_ahead = self.syncer.sync_ahead();
+        let committed = store.write_logged(
+            |txn| {
+                for request in requests {
+                    let result = self.apply(txn, request, ts, &mut staged)?;
+                    results.push(result);
+                }
+                self.flush(txn, &staged)
+            },
+            sync_ahead,
+        );
         match committed {
             Ok(((), durable)) => {
                 let publish = self.publish(staged);
@@ -1183,11 +1195,18 @@ impl Writer {
             Box::new(move |synced| {
                 match synced {
                     Ok(()) => {
-                        if let Some(publish) = publish {
-                            publish.run();
+                        // The producers first, the followers after: a
+                        // waiting producer sends its next frames sooner, and
+                        // followers skip what they already read.
+                        let mut publish = publish;
+                        if let Some(publish) = &mut publish {
+                            publish.advance();
                         }
                         for (reply, result) in answers {
                             reply.send(result);
+                        }
+                        if let Some(publish) = publish {
+                            publish.deliver();
                         }
                     }
                     Err(e) => {
@@ -1728,26 +1747,31 @@ impl Writer {
             }
         };
         let store = self.store.clone();
-        let ((deleted, meta), durable) = store.write_logged(|txn| {
-            let mut freed = 0;
-            let deleted = txn.delete_prefix(plan.meta.id, plan.meta.first_seq, plan.upto, |f| {
-                let go = f.seq <= plan.through_seq
-                    || freed < plan.free_bytes
-                    || f.ts_micros < plan.cutoff;
-                if go {
-                    freed += f.payload_len;
+        let sync_ahead = self.syncer.sync_ahead();
+        let ((deleted, meta), durable) = store.write_logged(
+            |txn| {
+                let mut freed = 0;
+                let deleted =
+                    txn.delete_prefix(plan.meta.id, plan.meta.first_seq, plan.upto, |f| {
+                        let go = f.seq <= plan.through_seq
+                            || freed < plan.free_bytes
+                            || f.ts_micros < plan.cutoff;
+                        if go {
+                            freed += f.payload_len;
+                        }
+                        go
+                    })?;
+                let mut meta = plan.meta.clone();
+                meta.first_seq += deleted.frames;
+                meta.frames = meta.frames.saturating_sub(deleted.frames);
+                meta.bytes = meta.bytes.saturating_sub(deleted.bytes);
+                if deleted.frames > 0 {
+                    txn.put_stream(&name, &meta)?;
                 }
-                go
-            })?;
-            let mut meta = plan.meta.clone();
-            meta.first_seq += deleted.frames;
-            meta.frames = meta.frames.saturating_sub(deleted.frames);
-            meta.bytes = meta.bytes.saturating_sub(deleted.bytes);
-            if deleted.frames > 0 {
-                txn.put_stream(&name, &meta)?;
-            }
-            Ok((deleted, meta))
-        })?;
+                Ok((deleted, meta))
+            },
+            sync_ahead,
+        )?;
         if let Some(s) = self.state.streams.get_mut(&name) {
             s.meta = meta.clone();
             s.oldest_ts = deleted.first_kept.map(|f| f.ts_micros);

@@ -390,7 +390,7 @@ impl Store {
     /// is on disk. When `f` or the commit fails nothing of it is stored, and
     /// the handle is marked for [`Store::recover`].
     pub fn write<T>(&self, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) -> Result<T> {
-        self.write_as(false, f).map(|(value, _)| value)
+        self.write_as(None::<fn(u64)>, f).map(|(value, _)| value)
     }
 
     /// Runs `f` in one write transaction and commits it through the
@@ -399,11 +399,15 @@ impl Store {
     /// through the returned ticket, and this process sees it at once.
     /// Otherwise (a change the log does not describe, or a full log) the
     /// commit is durable when this returns, like [`Store::write`].
+    ///
+    /// `appended` is told the ticket as soon as the record is in the log,
+    /// before redb commits: the log's sync can then run while redb works.
     pub fn write_logged<T>(
         &self,
         f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
+        appended: impl FnOnce(u64),
     ) -> Result<(T, Durable)> {
-        self.write_as(true, f)
+        self.write_as(Some(appended), f)
     }
 
     /// Makes every commit so far durable in the store itself, so that the
@@ -412,14 +416,15 @@ impl Store {
         self.write(|_| Ok(()))
     }
 
+    /// Logs the commit when `appended` is given (see [`Store::write_logged`]).
     fn write_as<T>(
         &self,
-        logged: bool,
+        appended: Option<impl FnOnce(u64)>,
         f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
     ) -> Result<(T, Durable)> {
         let guard = self.handle()?;
         let db = guard_db(&guard)?;
-        let result = write_in(db, &mut self.wal(), logged, f);
+        let result = write_in(db, &mut self.wal(), appended, f);
         if result.is_err() {
             self.needs_reopen.store(true, Ordering::Release);
         }
@@ -1164,12 +1169,12 @@ fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> Result<WriteTxn<
 fn write_in<T>(
     db: &Database,
     log: &mut Wal,
-    logged: bool,
+    appended: Option<impl FnOnce(u64)>,
     f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
 ) -> Result<(T, Durable)> {
     let mut txn = db.begin_write().map_err(storage)?;
     let outcome = {
-        let mut tables = tables(&txn, logged.then(|| log.take_buf()))?;
+        let mut tables = tables(&txn, appended.is_some().then(|| log.take_buf()))?;
         f(&mut tables)
             .and_then(|value| tables.flush_chunks().map(|()| value))
             .and_then(|value| {
@@ -1211,6 +1216,9 @@ fn write_in<T>(
         log.give_back(record);
         match ticket {
             Ok(ticket) => {
+                if let Some(appended) = appended {
+                    appended(ticket);
+                }
                 txn.set_durability(Durability::None).map_err(storage)?;
                 commit(txn)?;
                 return Ok((value, Durable::Logged(ticket)));
@@ -1910,27 +1918,33 @@ mod tests {
         put(&store, 1, 4);
         let logged = |from: u64, to: u64| {
             store
-                .write_logged(|txn| {
-                    for seq in from..=to {
-                        let payload = Bytes::from(format!("frame {seq}"));
-                        txn.put_frame(
-                            7,
-                            seq,
-                            &Frame {
-                                ts_micros: seq,
-                                kind: FrameKind::Data,
-                                payload,
-                            },
-                        )?;
-                    }
-                    txn.put_consumer(7, "c", to)
-                })
+                .write_logged(
+                    |txn| {
+                        for seq in from..=to {
+                            let payload = Bytes::from(format!("frame {seq}"));
+                            txn.put_frame(
+                                7,
+                                seq,
+                                &Frame {
+                                    ts_micros: seq,
+                                    kind: FrameKind::Data,
+                                    payload,
+                                },
+                            )?;
+                        }
+                        txn.put_consumer(7, "c", to)
+                    },
+                    |_| {},
+                )
                 .unwrap()
                 .1
         };
         assert!(matches!(logged(5, 8), Durable::Logged(_)));
         let (deleted, durable) = store
-            .write_logged(|txn| txn.delete_prefix(7, 1, 8, |info| info.seq < 6))
+            .write_logged(
+                |txn| txn.delete_prefix(7, 1, 8, |info| info.seq < 6),
+                |_| {},
+            )
             .unwrap();
         assert_eq!(
             (deleted.frames, matches!(durable, Durable::Logged(_))),
@@ -1981,7 +1995,7 @@ mod tests {
         // New logged commits follow on from the replayed ones, which stay
         // in the log until a persist: a second crash keeps all of them.
         let more = recovered
-            .write_logged(|txn| txn.put_consumer(7, "c", 11))
+            .write_logged(|txn| txn.put_consumer(7, "c", 11), |_| {})
             .unwrap()
             .1;
         assert!(matches!(more, Durable::Logged(_)));
@@ -2009,7 +2023,7 @@ mod tests {
         let path = dir.path().join("t.redb");
         put(&store, 1, 2);
         store
-            .write_logged(|txn| txn.put_consumer(7, "c", 1))
+            .write_logged(|txn| txn.put_consumer(7, "c", 1), |_| {})
             .unwrap();
         let crashed = tempfile::tempdir().unwrap();
         let copy = crash_copy(&path, crashed.path(), true);
@@ -2017,11 +2031,11 @@ mod tests {
         // backup) with a log numbered further on.
         store.persist().unwrap();
         store
-            .write_logged(|txn| txn.put_consumer(7, "c", 2))
+            .write_logged(|txn| txn.put_consumer(7, "c", 2), |_| {})
             .unwrap();
         store.persist().unwrap();
         store
-            .write_logged(|txn| txn.put_consumer(7, "c", 3))
+            .write_logged(|txn| txn.put_consumer(7, "c", 3), |_| {})
             .unwrap();
         std::fs::copy(path.with_extension("wal"), copy.with_extension("wal")).unwrap();
         let err = Store::open(&copy).unwrap_err();

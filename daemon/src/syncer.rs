@@ -84,6 +84,24 @@ impl Syncer {
         }
     }
 
+    /// What the writer calls between appending a record and committing it
+    /// to redb, with the record's ticket: the syncer starts syncing the log
+    /// that far at once, ahead of the job that will wait for it, so that
+    /// the sync and redb's commit overlap.
+    pub fn sync_ahead(&self) -> impl FnOnce(u64) {
+        let tx = self.tx.clone();
+        move |ticket| {
+            if let Some(tx) = tx {
+                // Only a head start: if the thread is gone, the job that
+                // waits for this ticket says so.
+                let _ = tx.send(Job {
+                    durable: Durable::Logged(ticket),
+                    then: Box::new(|_| {}),
+                });
+            }
+        }
+    }
+
     /// Waits until every job sent so far has run.
     pub fn wait_for_jobs(&self) {
         let (tx, rx) = mpsc::channel();
