@@ -283,7 +283,7 @@ impl Store {
         if !existed {
             // A new store: a log left beside a store file that was removed
             // belongs to that store, not to this one.
-            log.restart(1)?;
+            log.discard()?;
         }
         let store = Store {
             path: path.to_path_buf(),
@@ -2014,6 +2014,39 @@ mod tests {
         assert_eq!(
             bare.load().unwrap().consumers,
             vec![(7, "c".to_owned(), 11)]
+        );
+    }
+
+    #[test]
+    fn a_new_store_does_not_take_the_log_of_a_removed_one() {
+        let (dir, store) = store();
+        let path = dir.path().join("t.redb");
+        for through in 1..=3 {
+            store
+                .write_logged(|txn| txn.put_consumer(7, "c", through), |_| {})
+                .unwrap();
+        }
+        store.persist().unwrap();
+        store.close().unwrap();
+        drop(store);
+        // The records stay in the log's file, which was kept for reuse.
+        let log = path.with_extension("wal");
+        assert!(std::fs::metadata(&log).unwrap().len() > 0);
+        std::fs::remove_file(&path).unwrap();
+
+        let store = Store::open(&path).unwrap();
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        store
+            .write_logged(|txn| txn.put_consumer(7, "c", 9), |_| {})
+            .unwrap();
+        // Had the old records stayed, the removed store's second and third
+        // (numbered 2 and 3, the same size) would follow the new first.
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&path, crashed.path(), true);
+        let reopened = Store::open(&copy).unwrap();
+        assert_eq!(
+            reopened.load().unwrap().consumers,
+            vec![(7, "c".to_owned(), 9)]
         );
     }
 

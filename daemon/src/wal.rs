@@ -29,8 +29,9 @@
 //! while each record is intact and numbered one above the one before (a
 //! torn write, the zeros of a file that never got that far, or an older
 //! record left behind by an earlier run through the file all end it); the
-//! records above the stored number are applied again, in order, and
-//! committed durably. The first record must be at most one above the
+//! records above the stored number are applied again, in order (committed
+//! without durability: they stay in the log until the next persist). The
+//! first record must be at most one above the
 //! stored number: if it is further on, records are missing, and the store
 //! is refused as corrupt rather than opened with a hole.
 
@@ -62,6 +63,10 @@ pub const HEADER_LEN: usize = 16;
 /// overwrite; writing zeros ahead, a step at a time, lets one sync in many
 /// pay that while the rest overwrite blocks already in place.
 const ZERO_STEP: u64 = 1024 * 1024;
+
+/// Free space, in log capacities, from which the log keeps its file when
+/// it starts again (see [`Wal::restart`]).
+const KEEP_FILE_FREE: u64 = 4;
 
 /// What [`ZERO_STEP`] is written from, a piece at a time.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
@@ -356,21 +361,59 @@ impl Wal {
     }
 
     /// Empties the log; the next record gets `next_number`. Only after a
-    /// persist: what was appended before is then no longer needed. The
-    /// file is cut to nothing, so that the log holds no disk space the
-    /// store might need (on a full disk the next append is refused at
-    /// once, rather than taken into space the log had reserved).
+    /// persist: what was appended before is then no longer needed.
+    ///
+    /// Appending starts again at the file's beginning, over the records
+    /// already there (a replay stops at the first of them: its number is
+    /// lower). Keeping the file's blocks spares the next run through it
+    /// the zeros written ahead, which every sync would also have to write
+    /// out. But where free space is short the file is cut to nothing, so
+    /// that the log holds no disk space the store might need (on a full
+    /// disk the next append is refused at once, rather than taken into
+    /// space the log had reserved).
     pub fn restart(&mut self, next_number: u64) -> Result<()> {
+        let cut = !self.space_to_spare();
+        self.start_at(next_number, cut)
+    }
+
+    /// Empties the log and its file, for a new store: the records a store
+    /// that was removed left in it are not this one's, and its numbers
+    /// start again from 1, so they could follow the new records.
+    pub fn discard(&mut self) -> Result<()> {
+        self.start_at(1, true)
+    }
+
+    fn start_at(&mut self, next_number: u64, cut: bool) -> Result<()> {
         self.pos = 0;
         self.next_number = next_number;
         self.holding_since = None;
-        if self.filled > 0 {
+        if cut && self.filled > 0 {
             self.filled = 0;
             self.file.set_len(0).map_err(|e| {
                 Error::io(format!("cannot empty the log {}", self.path.display()), e)
             })?;
         }
         Ok(())
+    }
+
+    /// Whether the filesystem has room enough that the log may keep its
+    /// file: [`KEEP_FILE_FREE`] times its capacity. No when that cannot be
+    /// told.
+    fn space_to_spare(&self) -> bool {
+        // SAFETY: `statvfs` is plain old data, for which zeros are valid,
+        // and `fstatvfs` only writes into it, on a descriptor `file` keeps
+        // open.
+        #[allow(unsafe_code)]
+        let (rc, stat) = unsafe {
+            let mut stat: libc::statvfs = std::mem::zeroed();
+            let rc = libc::fstatvfs(self.file.as_raw_fd(), &mut stat);
+            (rc, stat)
+        };
+        if rc != 0 {
+            return false;
+        }
+        let free = stat.f_bavail.saturating_mul(stat.f_frsize);
+        free >= self.capacity.saturating_mul(KEEP_FILE_FREE)
     }
 
     /// Goes on appending after the records a replay found (see
@@ -586,6 +629,32 @@ mod tests {
         let r = record(&all);
         let decoded: Vec<Op<'_>> = ops(&r.bytes[HEADER_LEN..]).collect::<Result<_>>().unwrap();
         assert_eq!(decoded, all);
+    }
+
+    #[test]
+    fn a_restart_with_room_to_spare_writes_over_the_old_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.wal");
+        let mut wal = Wal::open(&path, 1 << 20).unwrap();
+        wal.restart(1).unwrap();
+        let payload = [7u8; 300];
+        for i in 0..5 {
+            wal.append(&mut record(&[chunk(1, i, &payload)])).unwrap();
+        }
+        let filled = std::fs::metadata(&path).unwrap().len();
+        assert!(filled >= ZERO_STEP, "zeros ahead of the records");
+        // A temporary directory has four MiB to spare: the file is kept,
+        // its blocks in place, and the next records go over the old ones.
+        assert!(wal.space_to_spare());
+        wal.restart(6).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), filled);
+        wal.append(&mut record(&[chunk(1, 60, &payload)])).unwrap();
+        wal.append(&mut record(&[chunk(1, 61, &payload)])).unwrap();
+        assert_eq!(read_all(&wal, 5).unwrap(), (7, vec![(6, 1), (7, 1)]));
+        // Reopened after a crash, the same: the old third record is not 8.
+        let reopened = Wal::open(&path, 1 << 20).unwrap();
+        assert_eq!(read_all(&reopened, 5).unwrap(), (7, vec![(6, 1), (7, 1)]));
+        assert_eq!(reopened.filled, filled);
     }
 
     #[test]
