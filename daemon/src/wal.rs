@@ -631,16 +631,24 @@ mod tests {
         assert_eq!(decoded, all);
     }
 
+    const PAYLOAD: [u8; 300] = [7; 300];
+
+    /// A log of 1 MiB at `path` holding records 1 to 5, of one chunk each.
+    fn five_records(path: &Path) -> Wal {
+        let mut wal = Wal::open(path, 1 << 20).unwrap();
+        wal.restart(1).unwrap();
+        for i in 0..5 {
+            wal.append(&mut record(&[chunk(1, i, &PAYLOAD)])).unwrap();
+        }
+        wal
+    }
+
     #[test]
     fn a_restart_with_room_to_spare_writes_over_the_old_records() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.wal");
-        let mut wal = Wal::open(&path, 1 << 20).unwrap();
-        wal.restart(1).unwrap();
-        let payload = [7u8; 300];
-        for i in 0..5 {
-            wal.append(&mut record(&[chunk(1, i, &payload)])).unwrap();
-        }
+        let mut wal = five_records(&path);
+        let payload = PAYLOAD;
         let filled = std::fs::metadata(&path).unwrap().len();
         assert!(filled >= ZERO_STEP, "zeros ahead of the records");
         // A temporary directory has four MiB to spare: the file is kept,
@@ -661,12 +669,8 @@ mod tests {
     fn a_torn_or_stale_tail_ends_the_log() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.wal");
-        let mut wal = Wal::open(&path, 1 << 20).unwrap();
-        wal.restart(1).unwrap();
-        let payload = [7u8; 300];
-        for i in 0..5 {
-            wal.append(&mut record(&[chunk(1, i, &payload)])).unwrap();
-        }
+        let mut wal = five_records(&path);
+        let payload = PAYLOAD;
         // Two new records over the old ones, as after a crash whose replay
         // went on from the start.
         wal.resume(Replayed { last: 5, end: 0 });
