@@ -124,7 +124,8 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
     );
     out.assert_success();
     // Once idle, the daemon moves those lines from its write-ahead log into
-    // the store and empties the log, which then holds no space of its own.
+    // the store and empties the log; on a disk with this little room it
+    // also cuts the log's file, which then holds no space of its own.
     let log = sb.state_dir().join("tether.wal");
     wait_until(Duration::from_secs(60), "the log emptied", || {
         std::fs::metadata(&log).is_ok_and(|m| m.len() == 0)
