@@ -1,11 +1,12 @@
 //! Live fan-out of committed frames to followers.
 //!
-//! The writer calls [`Hub::publish`] after every commit; a follower
-//! [`Hub::register`]s for one stream and receives every batch committed
-//! after that moment. Registration and publication take the same mutex, and
-//! registration returns the stream's last committed seq at that instant, so
-//! a follower that has read the store through that seq and then takes live
-//! batches misses nothing in between.
+//! Once a commit is durable its ranges are recorded ([`Hub::advance`]) and
+//! then its frames handed out ([`Hub::hand_out`]); a follower
+//! [`Hub::register`]s for one stream and receives every batch handed out
+//! after that moment. Registration returns the stream's last recorded seq
+//! at that instant, under the same mutex, so a follower that has read the
+//! store through that seq and then takes live batches misses nothing in
+//! between (and skips what it is handed twice).
 //!
 //! Memory is bounded per follower: each one has a byte budget for batches
 //! queued to it and not yet received. A publication that would exceed it
@@ -187,10 +188,8 @@ impl Hub {
         }
     }
 
-    /// Records the committed ranges of one commit, ahead of
-    /// [`Hub::publish`]: readers see them from now on, and a follower
-    /// registered in between is handed frames it reads from the store
-    /// too, which it skips.
+    /// Records the committed ranges of one commit: readers see them from
+    /// now on. Must be called in commit order, once the commit is durable.
     pub fn advance(&self, updates: &[StreamUpdate]) {
         let mut state = self.lock();
         for update in updates {
@@ -210,21 +209,15 @@ impl Hub {
         }
     }
 
-    /// Records one commit and hands its frames to every follower of their
-    /// streams. Must be called in commit order, after the commit.
-    pub fn publish(&self, updates: Vec<StreamUpdate>) {
+    /// Hands the frames of a commit already [advanced](Hub::advance) to
+    /// every follower of their streams. A follower registered in between
+    /// is handed frames it also reads from the store, which it skips.
+    pub fn hand_out(&self, updates: Vec<StreamUpdate>) {
         let mut state = self.lock();
         for update in updates {
-            let live = state
-                .streams
-                .entry(update.stream)
-                .or_insert_with(|| LiveStream {
-                    first_seq: update.first_seq,
-                    last_seq: update.last_seq,
-                    followers: Vec::new(),
-                });
-            live.first_seq = update.first_seq;
-            live.last_seq = update.last_seq;
+            let Some(live) = state.streams.get_mut(&update.stream) else {
+                continue;
+            };
             if live.followers.is_empty() || update.frames.is_empty() {
                 continue;
             }
@@ -425,6 +418,12 @@ mod tests {
         .collect()
     }
 
+    /// One commit, told to the hub as the writer tells it.
+    fn publish(hub: &Hub, updates: Vec<StreamUpdate>) {
+        hub.advance(&updates);
+        hub.hand_out(updates);
+    }
+
     fn update(stream: &str, seqs: std::ops::RangeInclusive<u64>, len: usize) -> StreamUpdate {
         StreamUpdate {
             stream: stream.into(),
@@ -437,10 +436,10 @@ mod tests {
     #[tokio::test]
     async fn registration_sees_exactly_the_frames_after_its_last_seq() {
         let hub = Arc::new(Hub::new(FollowerBudget::default()));
-        hub.publish(vec![update("s", 1..=3, 1)]);
+        publish(&hub, vec![update("s", 1..=3, 1)]);
         let mut reg = hub.register("s").unwrap();
         assert_eq!(reg.last_seq, 3);
-        hub.publish(vec![update("s", 4..=5, 1), update("other", 1..=1, 1)]);
+        publish(&hub, vec![update("s", 4..=5, 1), update("other", 1..=1, 1)]);
         let batch = reg.recv().await.unwrap();
         let seqs: Vec<u64> = batch.iter().map(|(s, _)| *s).collect();
         assert_eq!(seqs, [4, 5]);
@@ -452,7 +451,7 @@ mod tests {
     #[tokio::test]
     async fn advance_shows_a_commit_to_readers_before_its_frames_are_handed_out() {
         let hub = Arc::new(Hub::new(FollowerBudget::default()));
-        hub.publish(vec![update("s", 1..=3, 1)]);
+        publish(&hub, vec![update("s", 1..=3, 1)]);
         let mut before = hub.register("s").unwrap();
         let commit = vec![update("s", 4..=5, 1), update("new", 1..=2, 1)];
         hub.advance(&commit);
@@ -463,7 +462,7 @@ mod tests {
         // also handed them live (a subscription skips what it has read).
         let mut between = hub.register("s").unwrap();
         assert_eq!(between.last_seq, 5);
-        hub.publish(commit);
+        hub.hand_out(commit);
         for reg in [&mut before, &mut between] {
             let batch = reg.recv().await.unwrap();
             let seqs: Vec<u64> = batch.iter().map(|(s, _)| *s).collect();
@@ -475,10 +474,10 @@ mod tests {
     #[tokio::test]
     async fn a_follower_over_budget_is_dropped_and_keeps_what_was_queued() {
         let hub = Arc::new(Hub::new(FollowerBudget::flat(1000)));
-        hub.publish(vec![update("s", 1..=1, 1)]);
+        publish(&hub, vec![update("s", 1..=1, 1)]);
         let mut reg = hub.register("s").unwrap();
         for seq in 2..=40 {
-            hub.publish(vec![update("s", seq..=seq, 36)]);
+            publish(&hub, vec![update("s", seq..=seq, 36)]);
         }
         assert!(reg.peak_queued_bytes() <= 1000);
         assert_eq!(hub.follower_count("s"), 0);
@@ -497,7 +496,7 @@ mod tests {
     fn fill_until_dropped(hub: &Hub, stream: &str, from: u64) -> u64 {
         let mut seq = from;
         while hub.follower_count(stream) > 0 {
-            hub.publish(vec![update(stream, seq..=seq, 36)]);
+            publish(hub, vec![update(stream, seq..=seq, 36)]);
             seq += 1;
         }
         seq - from - 1
@@ -511,7 +510,7 @@ mod tests {
             shared: 4000,
         };
         let hub = Arc::new(Hub::new(budget));
-        hub.publish(vec![update("a", 1..=1, 1), update("b", 1..=1, 1)]);
+        publish(&hub, vec![update("a", 1..=1, 1), update("b", 1..=1, 1)]);
         let mut a = hub.register("a").unwrap();
         let mut b = hub.register("b").unwrap();
         // Alone, "a" takes its whole burst: 30 frames of cost 100.
@@ -535,7 +534,7 @@ mod tests {
     #[test]
     fn dropping_a_registration_unregisters_it() {
         let hub = Arc::new(Hub::new(FollowerBudget::default()));
-        hub.publish(vec![update("s", 1..=1, 1)]);
+        publish(&hub, vec![update("s", 1..=1, 1)]);
         let reg = hub.register("s").unwrap();
         assert_eq!(hub.follower_count("s"), 1);
         drop(reg);

@@ -857,7 +857,7 @@ impl Publish {
 
     /// Hands the commit's frames to the live followers.
     fn deliver(self) {
-        self.hub.publish(self.updates);
+        self.hub.hand_out(self.updates);
     }
 }
 
@@ -1186,7 +1186,7 @@ impl Writer {
     fn answer(
         &mut self,
         durable: Durable,
-        publish: Option<Publish>,
+        mut publish: Option<Publish>,
         answers: Vec<(Reply, Result<Outcome>)>,
         in_flight: Vec<OwnedSemaphorePermit>,
     ) {
@@ -1198,7 +1198,6 @@ impl Writer {
                         // The producers first, the followers after: a
                         // waiting producer sends its next frames sooner, and
                         // followers skip what they already read.
-                        let mut publish = publish;
                         if let Some(publish) = &mut publish {
                             publish.advance();
                         }

@@ -1164,8 +1164,8 @@ fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> Result<WriteTxn<
 }
 
 /// Runs `f` in one write transaction and commits it: through the log when
-/// `logged` and the log can describe it and has room, else durably (after
-/// which the log starts again).
+/// `appended` is given and the log can describe it and has room, else
+/// durably (after which the log starts again).
 fn write_in<T>(
     db: &Database,
     log: &mut Wal,
@@ -1905,6 +1905,14 @@ mod tests {
         copy
     }
 
+    /// Logs consumer "c" of stream 7 as acked through `through`.
+    fn log_ack(store: &Store, through: u64) -> Durable {
+        store
+            .write_logged(|txn| txn.put_consumer(7, "c", through), |_| {})
+            .unwrap()
+            .1
+    }
+
     fn stored_ts(store: &Store, from: u64, to: u64) -> Vec<Option<u64>> {
         (from..=to)
             .map(|seq| store.frame_ts(7, seq).unwrap())
@@ -1994,11 +2002,7 @@ mod tests {
         assert_eq!(consumers, vec![(7, "c".to_owned(), 10)]);
         // New logged commits follow on from the replayed ones, which stay
         // in the log until a persist: a second crash keeps all of them.
-        let more = recovered
-            .write_logged(|txn| txn.put_consumer(7, "c", 11), |_| {})
-            .unwrap()
-            .1;
-        assert!(matches!(more, Durable::Logged(_)));
+        assert!(matches!(log_ack(&recovered, 11), Durable::Logged(_)));
         let again = tempfile::tempdir().unwrap();
         let twice = Store::open(&crash_copy(&copy, again.path(), true)).unwrap();
         assert_eq!(stored_ts(&twice, 1, 10), expected);
@@ -2022,9 +2026,7 @@ mod tests {
         let (dir, store) = store();
         let path = dir.path().join("t.redb");
         for through in 1..=3 {
-            store
-                .write_logged(|txn| txn.put_consumer(7, "c", through), |_| {})
-                .unwrap();
+            log_ack(&store, through);
         }
         store.persist().unwrap();
         store.close().unwrap();
@@ -2036,9 +2038,7 @@ mod tests {
 
         let store = Store::open(&path).unwrap();
         assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
-        store
-            .write_logged(|txn| txn.put_consumer(7, "c", 9), |_| {})
-            .unwrap();
+        log_ack(&store, 9);
         // Had the old records stayed, the removed store's second and third
         // (numbered 2 and 3, the same size) would follow the new first.
         let crashed = tempfile::tempdir().unwrap();
@@ -2055,21 +2055,15 @@ mod tests {
         let (dir, store) = store();
         let path = dir.path().join("t.redb");
         put(&store, 1, 2);
-        store
-            .write_logged(|txn| txn.put_consumer(7, "c", 1), |_| {})
-            .unwrap();
+        log_ack(&store, 1);
         let crashed = tempfile::tempdir().unwrap();
         let copy = crash_copy(&path, crashed.path(), true);
         // The store from before the log began (say, restored from a
         // backup) with a log numbered further on.
         store.persist().unwrap();
-        store
-            .write_logged(|txn| txn.put_consumer(7, "c", 2), |_| {})
-            .unwrap();
+        log_ack(&store, 2);
         store.persist().unwrap();
-        store
-            .write_logged(|txn| txn.put_consumer(7, "c", 3), |_| {})
-            .unwrap();
+        log_ack(&store, 3);
         std::fs::copy(path.with_extension("wal"), copy.with_extension("wal")).unwrap();
         let err = Store::open(&copy).unwrap_err();
         let text = err.to_string();

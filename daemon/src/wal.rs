@@ -372,7 +372,7 @@ impl Wal {
     /// disk the next append is refused at once, rather than taken into
     /// space the log had reserved).
     pub fn restart(&mut self, next_number: u64) -> Result<()> {
-        let cut = !self.space_to_spare();
+        let cut = self.filled > 0 && !self.space_to_spare();
         self.start_at(next_number, cut)
     }
 
@@ -384,15 +384,26 @@ impl Wal {
     }
 
     fn start_at(&mut self, next_number: u64, cut: bool) -> Result<()> {
-        self.pos = 0;
-        self.next_number = next_number;
-        self.holding_since = None;
         if cut && self.filled > 0 {
             self.filled = 0;
             self.file.set_len(0).map_err(|e| {
                 Error::io(format!("cannot empty the log {}", self.path.display()), e)
             })?;
+        } else if self.pos > 0 {
+            // The file is kept: zeros over the first record's header end
+            // the next replay at once, instead of after reading (and
+            // checking) every record of the run before, all of them held
+            // by the store. Not synced: if a crash loses them, that replay
+            // reads those records and applies none.
+            self.file
+                .write_all_at(&ZEROS[..HEADER_LEN], 0)
+                .map_err(|e| {
+                    Error::io(format!("cannot empty the log {}", self.path.display()), e)
+                })?;
         }
+        self.pos = 0;
+        self.next_number = next_number;
+        self.holding_since = None;
         Ok(())
     }
 
@@ -633,22 +644,22 @@ mod tests {
 
     const PAYLOAD: [u8; 300] = [7; 300];
 
-    /// A log of 1 MiB at `path` holding records 1 to 5, of one chunk each.
-    fn five_records(path: &Path) -> Wal {
-        let mut wal = Wal::open(path, 1 << 20).unwrap();
+    /// A log of 1 MiB in a new directory holding records 1 to 5, of one
+    /// chunk each; with the directory and the log's path.
+    fn five_records() -> (tempfile::TempDir, PathBuf, Wal) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.wal");
+        let mut wal = Wal::open(&path, 1 << 20).unwrap();
         wal.restart(1).unwrap();
         for i in 0..5 {
             wal.append(&mut record(&[chunk(1, i, &PAYLOAD)])).unwrap();
         }
-        wal
+        (dir, path, wal)
     }
 
     #[test]
     fn a_restart_with_room_to_spare_writes_over_the_old_records() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.wal");
-        let mut wal = five_records(&path);
-        let payload = PAYLOAD;
+        let (_dir, path, mut wal) = five_records();
         let filled = std::fs::metadata(&path).unwrap().len();
         assert!(filled >= ZERO_STEP, "zeros ahead of the records");
         // A temporary directory has four MiB to spare: the file is kept,
@@ -656,8 +667,8 @@ mod tests {
         assert!(wal.space_to_spare());
         wal.restart(6).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), filled);
-        wal.append(&mut record(&[chunk(1, 60, &payload)])).unwrap();
-        wal.append(&mut record(&[chunk(1, 61, &payload)])).unwrap();
+        wal.append(&mut record(&[chunk(1, 60, &PAYLOAD)])).unwrap();
+        wal.append(&mut record(&[chunk(1, 61, &PAYLOAD)])).unwrap();
         assert_eq!(read_all(&wal, 5).unwrap(), (7, vec![(6, 1), (7, 1)]));
         // Reopened after a crash, the same: the old third record is not 8.
         let reopened = Wal::open(&path, 1 << 20).unwrap();
@@ -666,16 +677,22 @@ mod tests {
     }
 
     #[test]
+    fn after_a_restart_the_next_open_reads_nothing() {
+        let (_dir, path, mut wal) = five_records();
+        wal.restart(6).unwrap();
+        let reopened = Wal::open(&path, 1 << 20).unwrap();
+        let replayed = reopened.replay(5, |_, _| Ok(())).unwrap();
+        assert_eq!(replayed, Replayed { last: 5, end: 0 });
+    }
+
+    #[test]
     fn a_torn_or_stale_tail_ends_the_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.wal");
-        let mut wal = five_records(&path);
-        let payload = PAYLOAD;
+        let (_dir, path, mut wal) = five_records();
         // Two new records over the old ones, as after a crash whose replay
         // went on from the start.
         wal.resume(Replayed { last: 5, end: 0 });
-        wal.append(&mut record(&[chunk(1, 50, &payload)])).unwrap();
-        wal.append(&mut record(&[chunk(1, 51, &payload)])).unwrap();
+        wal.append(&mut record(&[chunk(1, 50, &PAYLOAD)])).unwrap();
+        wal.append(&mut record(&[chunk(1, 51, &PAYLOAD)])).unwrap();
         // The old third record follows them, numbered 3: not 8.
         assert_eq!(read_all(&wal, 5).unwrap(), (7, vec![(6, 1), (7, 1)]));
 
