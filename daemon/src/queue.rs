@@ -1458,7 +1458,7 @@ impl Writer {
     /// What a new attempt of `execution` resumes from, read in `txn`: the
     /// newest checkpoint whose checksum matches. Invalid newer ones are
     /// skipped and logged.
-    fn resume_point(&self, txn: &WriteTxn<'_>, execution: &str) -> Result<Resume> {
+    fn resume_point(&self, txn: &mut WriteTxn<'_>, execution: &str) -> Result<Resume> {
         let mut any = false;
         let mut found = None;
         txn.visit_checkpoints(execution, |id, record| {

@@ -819,17 +819,17 @@ impl Store {
 
 /// The tables of one write transaction, open for writing.
 pub struct WriteTxn<'t> {
-    streams: Table<'t, &'static str, &'static [u8]>,
-    chunks: Table<'t, (u64, u64), &'static [u8]>,
+    streams: LazyTable<'t, &'static str, &'static [u8]>,
+    chunks: LazyTable<'t, (u64, u64), &'static [u8]>,
     /// Frames appended in this transaction, one chunk per stream id,
     /// written to `chunks` just before the commit.
     pending: HashMap<u64, PendingChunk>,
-    producers: Table<'t, (u64, &'static str), (u64, u64)>,
-    consumers: Table<'t, (u64, &'static str), u64>,
-    meta: Table<'t, &'static str, u64>,
-    executions: Table<'t, &'static str, &'static [u8]>,
-    checkpoints: Table<'t, (&'static str, u64), &'static [u8]>,
-    steps: Table<'t, (&'static str, &'static str), &'static [u8]>,
+    producers: LazyTable<'t, (u64, &'static str), (u64, u64)>,
+    consumers: LazyTable<'t, (u64, &'static str), u64>,
+    meta: LazyTable<'t, &'static str, u64>,
+    executions: LazyTable<'t, &'static str, &'static [u8]>,
+    checkpoints: LazyTable<'t, (&'static str, u64), &'static [u8]>,
+    steps: LazyTable<'t, (&'static str, &'static str), &'static [u8]>,
     /// Reused encoding buffer, so that appending a frame does not allocate.
     scratch: Vec<u8>,
     /// The log record describing this transaction, when it is to be
@@ -852,7 +852,7 @@ impl WriteTxn<'_> {
         self.scratch.clear();
         let bytes = postcard::to_extend(meta, std::mem::take(&mut self.scratch))
             .map_err(|e| Error::Storage(format!("cannot encode stream {name:?}: {e}")))?;
-        let result = self.streams.insert(name, bytes.as_slice()).map(drop);
+        let result = self.streams.get()?.insert(name, bytes.as_slice()).map(drop);
         let logged = self.log(&Op::Stream {
             name,
             meta: RawBytes(&bytes),
@@ -873,7 +873,7 @@ impl WriteTxn<'_> {
         // continuation check is for callers that skip seqs (none do today).
         if pending.next_seq() != seq || !pending.has_room_for(frame) {
             let done = std::mem::replace(pending, PendingChunk::new(seq));
-            insert_chunk(&mut self.chunks, &mut self.record, stream_id, done)?;
+            insert_chunk(self.chunks.get()?, &mut self.record, stream_id, done)?;
         }
         pending.push(frame)
     }
@@ -882,7 +882,7 @@ impl WriteTxn<'_> {
     /// transaction (and the commit) sees them.
     fn flush_chunks(&mut self) -> Result<()> {
         for (stream_id, chunk) in self.pending.drain() {
-            insert_chunk(&mut self.chunks, &mut self.record, stream_id, chunk)?;
+            insert_chunk(self.chunks.get()?, &mut self.record, stream_id, chunk)?;
         }
         Ok(())
     }
@@ -895,6 +895,7 @@ impl WriteTxn<'_> {
         state: ProducerState,
     ) -> Result<()> {
         self.producers
+            .get()?
             .insert((stream_id, producer), (state.producer_seq, state.seq))
             .map_err(storage)?;
         self.log(&Op::Producer {
@@ -913,17 +914,19 @@ impl WriteTxn<'_> {
     /// Applies one change of a replayed log record.
     fn apply(&mut self, op: Op<'_>) -> Result<()> {
         match op {
-            Op::Stream { name, meta } => self.streams.insert(name, meta.0).map(drop),
+            Op::Stream { name, meta } => self.streams.get()?.insert(name, meta.0).map(drop),
             Op::Chunk {
                 stream_id,
                 first_seq,
                 chunk,
             } => self
                 .chunks
+                .get()?
                 .insert((stream_id, first_seq), chunk.0)
                 .map(drop),
             Op::RemoveChunksBelow { stream_id, below } => self
                 .chunks
+                .get()?
                 .retain_in((stream_id, 0)..(stream_id, below), |_, _| false),
             Op::Producer {
                 stream_id,
@@ -932,6 +935,7 @@ impl WriteTxn<'_> {
                 seq,
             } => self
                 .producers
+                .get()?
                 .insert((stream_id, producer), (producer_seq, seq))
                 .map(drop),
             Op::Consumer {
@@ -940,9 +944,10 @@ impl WriteTxn<'_> {
                 acked_through,
             } => self
                 .consumers
+                .get()?
                 .insert((stream_id, consumer), acked_through)
                 .map(drop),
-            Op::NextStreamId(id) => self.meta.insert(META_NEXT_STREAM_ID, id).map(drop),
+            Op::NextStreamId(id) => self.meta.get()?.insert(META_NEXT_STREAM_ID, id).map(drop),
         }
         .map_err(storage)
     }
@@ -955,6 +960,7 @@ impl WriteTxn<'_> {
         acked_through: u64,
     ) -> Result<()> {
         self.consumers
+            .get()?
             .insert((stream_id, consumer), acked_through)
             .map_err(storage)?;
         self.log(&Op::Consumer {
@@ -968,20 +974,21 @@ impl WriteTxn<'_> {
     pub fn put_execution(&mut self, id: &str, manifest: &[u8]) -> Result<()> {
         self.unlogged = true;
         self.executions
+            .get()?
             .insert(id, manifest)
             .map(drop)
             .map_err(storage)
     }
 
     /// Whether an execution's manifest is stored, as this transaction sees it.
-    pub fn has_execution(&self, id: &str) -> Result<bool> {
-        Ok(self.executions.get(id).map_err(storage)?.is_some())
+    pub fn has_execution(&mut self, id: &str) -> Result<bool> {
+        Ok(self.executions.get()?.get(id).map_err(storage)?.is_some())
     }
 
     /// The id of an execution's newest stored checkpoint.
-    pub fn newest_checkpoint_id(&self, execution: &str) -> Result<Option<u64>> {
+    pub fn newest_checkpoint_id(&mut self, execution: &str) -> Result<Option<u64>> {
         let mut newest = None;
-        scan_newest_first(&self.checkpoints, execution, |id, _| {
+        scan_newest_first(self.checkpoints.get()?, execution, |id, _| {
             newest = Some(id);
             false
         })
@@ -994,6 +1001,7 @@ impl WriteTxn<'_> {
     pub fn put_checkpoint(&mut self, execution: &str, id: u64, record: &[u8]) -> Result<()> {
         self.unlogged = true;
         self.checkpoints
+            .get()?
             .insert((execution, id), record)
             .map(drop)
             .map_err(storage)
@@ -1003,6 +1011,7 @@ impl WriteTxn<'_> {
     pub fn delete_checkpoints_before(&mut self, execution: &str, first_kept: u64) -> Result<()> {
         self.unlogged = true;
         self.checkpoints
+            .get()?
             .retain_in((execution, 0)..(execution, first_kept), |_, _| false)
             .map_err(storage)
     }
@@ -1010,16 +1019,16 @@ impl WriteTxn<'_> {
     /// Shows `visit` an execution's stored checkpoints as (id, record),
     /// newest first, until it returns false.
     pub fn visit_checkpoints(
-        &self,
+        &mut self,
         execution: &str,
         visit: impl FnMut(u64, &[u8]) -> bool,
     ) -> Result<()> {
-        scan_newest_first(&self.checkpoints, execution, visit).map_err(storage)
+        scan_newest_first(self.checkpoints.get()?, execution, visit).map_err(storage)
     }
 
     /// The recorded result of a durable step.
-    pub fn step(&self, execution: &str, step: &str) -> Result<Option<Vec<u8>>> {
-        let value = self.steps.get((execution, step)).map_err(storage)?;
+    pub fn step(&mut self, execution: &str, step: &str) -> Result<Option<Vec<u8>>> {
+        let value = self.steps.get()?.get((execution, step)).map_err(storage)?;
         Ok(value.map(|v| v.value().to_vec()))
     }
 
@@ -1027,6 +1036,7 @@ impl WriteTxn<'_> {
     pub fn put_step(&mut self, execution: &str, step: &str, result: &[u8]) -> Result<()> {
         self.unlogged = true;
         self.steps
+            .get()?
             .insert((execution, step), result)
             .map(drop)
             .map_err(storage)
@@ -1034,7 +1044,10 @@ impl WriteTxn<'_> {
 
     /// Records the id the next new stream gets.
     pub fn set_next_stream_id(&mut self, id: u64) -> Result<()> {
-        self.meta.insert(META_NEXT_STREAM_ID, id).map_err(storage)?;
+        self.meta
+            .get()?
+            .insert(META_NEXT_STREAM_ID, id)
+            .map_err(storage)?;
         self.log(&Op::NextStreamId(id))
     }
 
@@ -1060,18 +1073,21 @@ impl WriteTxn<'_> {
     /// Shows `delete` the frames from `from_seq` through `through_seq` until
     /// it refuses one; deletes nothing.
     fn choose_prefix(
-        &self,
+        &mut self,
         stream_id: u64,
         from_seq: u64,
         through_seq: u64,
         mut delete: impl FnMut(FrameInfo) -> bool,
     ) -> Result<Deleted> {
         let mut out = Deleted::default();
-        let Some(start) = chunk_holding(&self.chunks, stream_id, from_seq).map_err(storage)? else {
+        let Some(start) =
+            chunk_holding(self.chunks.get()?, stream_id, from_seq).map_err(storage)?
+        else {
             return Ok(out);
         };
         let range = self
             .chunks
+            .get()?
             .range((stream_id, start)..=(stream_id, through_seq))
             .map_err(storage)?;
         for item in range {
@@ -1108,6 +1124,7 @@ impl WriteTxn<'_> {
         let mut straddling = None;
         let mut failure = None;
         self.chunks
+            .get()?
             .retain_in(
                 (stream_id, 0)..(stream_id, new_first),
                 |(_, first), value| {
@@ -1133,6 +1150,7 @@ impl WriteTxn<'_> {
             let rest = chunk_from(first, &value, new_first)
                 .map_err(|e| corrupt_chunk(stream_id, first, &e))?;
             self.chunks
+                .get()?
                 .insert((stream_id, new_first), rest.as_slice())
                 .map_err(storage)?;
             self.log(&Op::Chunk {
@@ -1145,18 +1163,45 @@ impl WriteTxn<'_> {
     }
 }
 
+/// A table of a write transaction, opened on first use: most
+/// transactions touch three or four of the eight, and each opening is a
+/// lookup in redb's tree of tables (a tenth of a one-frame commit's work).
+struct LazyTable<'t, K: Key + 'static, V: Value + 'static> {
+    txn: &'t WriteTransaction,
+    definition: TableDefinition<'static, K, V>,
+    table: Option<Table<'t, K, V>>,
+}
+
+impl<'t, K: Key + 'static, V: Value + 'static> LazyTable<'t, K, V> {
+    fn new(txn: &'t WriteTransaction, definition: TableDefinition<'static, K, V>) -> Self {
+        LazyTable {
+            txn,
+            definition,
+            table: None,
+        }
+    }
+
+    fn get(&mut self) -> Result<&mut Table<'t, K, V>> {
+        let table = match self.table.take() {
+            Some(table) => table,
+            None => self.txn.open_table(self.definition).map_err(storage)?,
+        };
+        Ok(self.table.insert(table))
+    }
+}
+
 /// Opens the tables of `txn` for writing.
 fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> Result<WriteTxn<'_>> {
     Ok(WriteTxn {
-        streams: txn.open_table(STREAMS).map_err(storage)?,
-        chunks: txn.open_table(CHUNKS).map_err(storage)?,
+        streams: LazyTable::new(txn, STREAMS),
+        chunks: LazyTable::new(txn, CHUNKS),
         pending: HashMap::new(),
-        producers: txn.open_table(PRODUCERS).map_err(storage)?,
-        consumers: txn.open_table(CONSUMERS).map_err(storage)?,
-        meta: txn.open_table(META).map_err(storage)?,
-        executions: txn.open_table(EXECUTIONS).map_err(storage)?,
-        checkpoints: txn.open_table(CHECKPOINTS).map_err(storage)?,
-        steps: txn.open_table(STEPS).map_err(storage)?,
+        producers: LazyTable::new(txn, PRODUCERS),
+        consumers: LazyTable::new(txn, CONSUMERS),
+        meta: LazyTable::new(txn, META),
+        executions: LazyTable::new(txn, EXECUTIONS),
+        checkpoints: LazyTable::new(txn, CHECKPOINTS),
+        steps: LazyTable::new(txn, STEPS),
         scratch: Vec::new(),
         record,
         unlogged: false,
@@ -1185,6 +1230,7 @@ fn write_in<T>(
                         if !record.is_empty() {
                             tables
                                 .meta
+                                .get()?
                                 .insert(META_WAL_APPLIED, log.next_number())
                                 .map_err(storage)?;
                         }
@@ -1245,6 +1291,7 @@ fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
         let mut tables = tables(&txn, None)?;
         let applied = tables
             .meta
+            .get()?
             .get(META_WAL_APPLIED)
             .map_err(storage)?
             .map_or(0, |v| v.value());
@@ -1258,6 +1305,7 @@ fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
             if replayed.last > applied {
                 tables
                     .meta
+                    .get()?
                     .insert(META_WAL_APPLIED, replayed.last)
                     .map_err(storage)?;
             }
