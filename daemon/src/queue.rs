@@ -44,7 +44,7 @@ use crate::hub::{FollowerBudget, Hub, StreamUpdate};
 use crate::ingest::{self, IngestAppend};
 use crate::store::{ProducerState, Snapshot, Store, StreamMeta, WriteTxn};
 use crate::subscription::Subscription;
-use crate::syncer::{Durable, Syncer};
+use crate::syncer::{Durable, Syncer, Then};
 use crate::{Error, Result};
 
 /// Commands that may wait for the writer. Senders wait (asynchronously)
@@ -81,6 +81,12 @@ const COMPACT_RETRY_DELAY: Duration = Duration::from_secs(1);
 /// How long commits may stay in the write-ahead log alone before an idle
 /// writer persists the store (so that a restart has little to replay).
 const PERSIST_AFTER: Duration = Duration::from_secs(1);
+
+/// How long the writer stays awake for the next command after answering a
+/// producer that waits on each ack (see `Writer::stay_awake`). A
+/// producer's next frame takes two socket hops and two wake-ups to come
+/// back; a sleeping writer adds one more (tens of µs on a virtual CPU).
+const AWAKE_FOR: Duration = Duration::from_micros(250);
 
 /// How the queue batches and what it retains.
 #[derive(Clone, Debug)]
@@ -178,6 +184,8 @@ impl Queue {
             dirty_set: HashSet::new(),
             next_age_check: Instant::now(),
             compaction_paused_until: None,
+            awake_after: None,
+            answered_alone: None,
         };
         writer.install(snapshot);
         // The hub has every stream before anyone can subscribe.
@@ -869,7 +877,8 @@ enum Wait {
 
 struct Writer {
     store: Arc<Store>,
-    /// Only ever used from jobs run by `syncer`, so that the hub hears of
+    /// Only ever used from jobs run through `syncer` (on its thread, or on
+    /// this one when it has nothing queued), so that the hub hears of
     /// commits in order and only once they are durable.
     hub: Arc<Hub>,
     syncer: Syncer,
@@ -886,6 +895,12 @@ struct Writer {
     dirty_set: HashSet<String>,
     next_age_check: Instant,
     compaction_paused_until: Option<Instant>,
+    /// When the last batch of commands was done, if the writer should stay
+    /// awake for the next: the batch was one command, which it answered
+    /// itself, and the one before came back within [`AWAKE_FOR`].
+    awake_after: Option<Instant>,
+    /// When the last lone command was answered by the writer itself.
+    answered_alone: Option<Instant>,
     /// For each (stream, producer) whose appends failed to commit: the
     /// first producer seq that was not stored. Appends of that producer
     /// queued behind the failed ones would otherwise be stored after a gap,
@@ -901,8 +916,15 @@ impl Writer {
         loop {
             match self.wait(runtime) {
                 Wait::Command(first) => {
+                    let quick = self
+                        .answered_alone
+                        .take()
+                        .is_some_and(|t| t.elapsed() < AWAKE_FOR);
                     let batch = self.drain(first);
                     self.process(batch);
+                    if quick {
+                        self.awake_after = self.answered_alone;
+                    }
                     busy_batches += 1;
                     if busy_batches >= COMPACT_EVERY_BATCHES {
                         busy_batches = 0;
@@ -935,6 +957,9 @@ impl Writer {
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
             }
         } else {
+            if let Some(command) = self.stay_awake() {
+                return command;
+            }
             match self.next_wakeup() {
                 None => runtime.block_on(self.rx.recv()),
                 Some(at) => {
@@ -950,6 +975,24 @@ impl Writer {
             }
         };
         received.map_or(Wait::Closed, Wait::Command)
+    }
+
+    /// Waits awake (yielding the CPU to anything else that can run) for
+    /// the next command of a producer that sends one frame at a time, then
+    /// gives up. Such a producer waits on every round trip, and a writer
+    /// woken from sleep makes each one longer; one that sends more than a
+    /// command at a time never comes here, and neither does a writer left
+    /// alone: the first command that takes longer to come ends it.
+    fn stay_awake(&mut self) -> Option<Wait> {
+        let since = self.awake_after.take()?;
+        while since.elapsed() < AWAKE_FOR {
+            match self.rx.try_recv() {
+                Ok(command) => return Some(Wait::Command(command)),
+                Err(mpsc::error::TryRecvError::Empty) => std::thread::yield_now(),
+                Err(mpsc::error::TryRecvError::Disconnected) => return Some(Wait::Closed),
+            }
+        }
+        None
     }
 
     fn compaction_ready(&self) -> bool {
@@ -1145,7 +1188,11 @@ impl Writer {
         let mut results: Vec<Result<Outcome>> = Vec::with_capacity(requests.len());
         let mut staged = Staged::default();
         let store = self.store.clone();
-        let sync_ahead = self.syncer.sync_ahead();
+        // A lone command with nothing behind it is a producer waiting on
+        // its ack: the writer syncs the log itself (see `answer`), so the
+        // syncer gets no head start to wake for.
+        let alone = replies.len() == 1 && self.rx.is_empty() && self.syncer.idle();
+        let sync_ahead = (!alone).then(|| self.syncer.sync_ahead());
         let committed = store.write_logged(
             |txn| {
                 for request in requests {
@@ -1154,7 +1201,11 @@ impl Writer {
                 }
                 self.flush(txn, &staged)
             },
-            sync_ahead,
+            |ticket| {
+                if let Some(sync_ahead) = sync_ahead {
+                    sync_ahead(ticket);
+                }
+            },
         );
         match committed {
             Ok(((), durable)) => {
@@ -1190,33 +1241,39 @@ impl Writer {
         answers: Vec<(Reply, Result<Outcome>)>,
         in_flight: Vec<OwnedSemaphorePermit>,
     ) {
-        self.syncer.after(
-            durable,
-            Box::new(move |synced| {
-                match synced {
-                    Ok(()) => {
-                        // The producers first, the followers after: a
-                        // waiting producer sends its next frames sooner, and
-                        // followers skip what they already read.
-                        if let Some(publish) = &mut publish {
-                            publish.advance();
-                        }
-                        for (reply, result) in answers {
-                            reply.send(result);
-                        }
-                        if let Some(publish) = publish {
-                            publish.deliver();
-                        }
+        let lone = answers.len() == 1;
+        let then: Then = Box::new(move |synced| {
+            match synced {
+                Ok(()) => {
+                    // The producers first, the followers after: a
+                    // waiting producer sends its next frames sooner, and
+                    // followers skip what they already read.
+                    if let Some(publish) = &mut publish {
+                        publish.advance();
                     }
-                    Err(e) => {
-                        for (reply, _) in answers {
-                            reply.fail(copy_error(&e));
-                        }
+                    for (reply, result) in answers {
+                        reply.send(result);
+                    }
+                    if let Some(publish) = publish {
+                        publish.deliver();
                     }
                 }
-                drop(in_flight);
-            }),
-        );
+                Err(e) => {
+                    for (reply, _) in answers {
+                        reply.fail(copy_error(&e));
+                    }
+                }
+            }
+            drop(in_flight);
+        });
+        // With no command waiting, the writer has nothing better to do than
+        // the syncer's work, and is already awake for it.
+        if lone && self.rx.is_empty() && self.syncer.idle() {
+            self.syncer.run_here(durable, then);
+            self.answered_alone = Some(Instant::now());
+        } else {
+            self.syncer.after(durable, then);
+        }
     }
 
     /// Applies one request to the transaction and the caches. The outer

@@ -14,10 +14,14 @@
 //! so from then on every logged job fails, until a job that redb made
 //! durable itself comes through: the writer, seeing [`Syncer::failed`],
 //! persists the store, which makes everything before durable again.
+//!
+//! When the writer has nothing else to do and no job is waiting here, it
+//! may run a job itself ([`Syncer::run_here`]): a lone producer waiting on
+//! its ack then waits for one `fdatasync`, not also for this thread to
+//! wake.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use crate::wal::SyncHandle;
@@ -51,36 +55,87 @@ struct Job {
 pub struct Syncer {
     tx: Option<mpsc::Sender<Job>>,
     handle: Option<JoinHandle<()>>,
-    failed: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+}
+
+/// What the thread and a job run in place share.
+#[derive(Debug)]
+struct Shared {
+    log: SyncHandle,
+    state: Mutex<SyncState>,
+    /// Jobs sent and not yet run to the end.
+    pending: AtomicUsize,
+    /// Whether a sync failed since the last durable job.
+    failed: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct SyncState {
+    /// The log's bytes known to be on disk.
+    synced: u64,
+    /// Where the store's writeback was last started.
+    nudged: u64,
+    /// Why logged jobs fail, after a failed sync.
+    broken: Option<String>,
 }
 
 impl Syncer {
     pub fn start(log: SyncHandle) -> Result<Syncer> {
         let (tx, rx) = mpsc::channel::<Job>();
-        let failed = Arc::new(AtomicBool::new(false));
-        let flag = failed.clone();
+        let shared = Arc::new(Shared {
+            log,
+            state: Mutex::new(SyncState::default()),
+            pending: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+        });
+        let thread_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("tetherd-syncer".into())
-            .spawn(move || run(&log, &rx, &flag))
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    thread_shared.run(job);
+                    thread_shared.pending.fetch_sub(1, Ordering::Release);
+                }
+            })
             .map_err(|e| Error::io("cannot start the syncer thread", e))?;
         Ok(Syncer {
             tx: Some(tx),
             handle: Some(handle),
-            failed,
+            shared,
         })
     }
 
     /// Runs `then` once `durable` holds, after every job sent before.
     pub fn after(&self, durable: Durable, then: Then) {
         let job = Job { durable, then };
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
         let sent = match &self.tx {
             Some(tx) => tx.send(job).map_err(|mpsc::SendError(job)| job),
             None => Err(job),
         };
         if let Err(job) = sent {
+            self.shared.pending.fetch_sub(1, Ordering::Release);
             // The thread is gone (it cannot panic short of a bug in a
             // job): say so to whoever waits rather than leave them hanging.
             (job.then)(Err(Error::Storage("the syncer thread stopped".into())));
+        }
+    }
+
+    /// Whether every job sent has run: a job run here now keeps its place
+    /// in line. Only the writer sends jobs, so once it sees this, it stays
+    /// true until the writer sends another.
+    pub fn idle(&self) -> bool {
+        self.shared.pending.load(Ordering::Acquire) == 0
+    }
+
+    /// Runs the job on the calling thread: syncs the log if `durable` asks
+    /// for it, then runs `then`. Only when [`Syncer::idle`], or the job
+    /// would overtake those before it; otherwise it is sent to the thread.
+    pub fn run_here(&self, durable: Durable, then: Then) {
+        if self.idle() {
+            self.shared.run(Job { durable, then });
+        } else {
+            self.after(durable, then);
         }
     }
 
@@ -90,14 +145,19 @@ impl Syncer {
     /// the sync and redb's commit overlap.
     pub fn sync_ahead(&self) -> impl FnOnce(u64) {
         let tx = self.tx.clone();
+        let shared = self.shared.clone();
         move |ticket| {
             if let Some(tx) = tx {
-                // Only a head start: if the thread is gone, the job that
-                // waits for this ticket says so.
-                let _ = tx.send(Job {
+                shared.pending.fetch_add(1, Ordering::AcqRel);
+                let job = Job {
                     durable: Durable::Logged(ticket),
                     then: Box::new(|_| {}),
-                });
+                };
+                // Only a head start: if the thread is gone, the job that
+                // waits for this ticket says so.
+                if tx.send(job).is_err() {
+                    shared.pending.fetch_sub(1, Ordering::Release);
+                }
             }
         }
     }
@@ -118,7 +178,7 @@ impl Syncer {
     /// Whether a sync failed since the last durable job: the writer must
     /// persist the store.
     pub fn failed(&self) -> bool {
-        self.failed.load(Ordering::Acquire)
+        self.shared.failed.load(Ordering::Acquire)
     }
 
     /// Finishes the jobs sent and waits for the thread.
@@ -141,42 +201,133 @@ impl Drop for Syncer {
 /// Log bytes synced between two nudges of the store's writeback.
 const WRITEBACK_EVERY: u64 = 4 * 1024 * 1024;
 
-fn run(log: &SyncHandle, rx: &mpsc::Receiver<Job>, failed: &AtomicBool) {
-    let mut synced = 0u64;
-    let mut nudged = 0u64;
-    let mut broken: Option<String> = None;
-    while let Ok(job) = rx.recv() {
-        let result = match job.durable {
+impl Shared {
+    fn run(&self, job: Job) {
+        let result = self.make_durable(job.durable);
+        (job.then)(result);
+    }
+
+    fn make_durable(&self, durable: Durable) -> Result<()> {
+        // Never contended: the thread and a job run in place take turns
+        // (see `Syncer::idle`). A panic while it was held cannot leave the
+        // counters half-updated.
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match durable {
             Durable::Committed => {
-                broken = None;
-                failed.store(false, Ordering::Release);
+                state.broken = None;
+                self.failed.store(false, Ordering::Release);
                 Ok(())
             }
             Durable::Nothing => Ok(()),
             Durable::Logged(ticket) => {
-                if broken.is_none() && ticket > synced {
-                    match log.sync() {
+                if state.broken.is_none() && ticket > state.synced {
+                    match self.log.sync() {
                         Ok(covered) => {
-                            synced = covered;
-                            if synced - nudged >= WRITEBACK_EVERY {
-                                nudged = synced;
-                                log.start_store_writeback();
+                            state.synced = covered;
+                            if state.synced - state.nudged >= WRITEBACK_EVERY {
+                                state.nudged = state.synced;
+                                self.log.start_store_writeback();
                             }
                         }
                         Err(e) => {
-                            tracing::warn!("syncing the log {} failed: {e}", log.path().display());
-                            broken =
-                                Some(format!("cannot sync the log {}: {e}", log.path().display()));
-                            failed.store(true, Ordering::Release);
+                            let path = self.log.path().display();
+                            tracing::warn!("syncing the log {path} failed: {e}");
+                            state.broken = Some(format!("cannot sync the log {path}: {e}"));
+                            self.failed.store(true, Ordering::Release);
                         }
                     }
                 }
-                match &broken {
+                match &state.broken {
                     Some(detail) => Err(Error::Storage(detail.clone())),
                     None => Ok(()),
                 }
             }
-        };
-        (job.then)(result);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::Mutex;
+    use std::thread::ThreadId;
+
+    use super::*;
+    use crate::wal::Wal;
+
+    /// A syncer over a real log in a temporary directory.
+    fn syncer() -> (tempfile::TempDir, Wal, Syncer) {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(&dir.path().join("tether.wal"), 1024 * 1024).unwrap();
+        let syncer = Syncer::start(wal.sync_handle(None)).unwrap();
+        (dir, wal, syncer)
+    }
+
+    /// A job that notes its name and the thread it ran on.
+    fn note(seen: &Arc<Mutex<Vec<(&'static str, ThreadId)>>>, name: &'static str) -> Then {
+        let seen = seen.clone();
+        Box::new(move |result| {
+            result.unwrap();
+            seen.lock()
+                .unwrap()
+                .push((name, std::thread::current().id()));
+        })
+    }
+
+    /// Waits for the thread to count its last job done, which it does just
+    /// after the job has run (and told `wait_for_jobs`).
+    fn wait_until_idle(syncer: &Syncer) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !syncer.idle() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the syncer never became idle"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn an_idle_syncer_lets_the_caller_run_the_job() {
+        let (_dir, _wal, syncer) = syncer();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        syncer.after(Durable::Nothing, note(&seen, "sent"));
+        syncer.wait_for_jobs();
+        wait_until_idle(&syncer);
+        syncer.run_here(Durable::Logged(0), note(&seen, "here"));
+        let seen = seen.lock().unwrap();
+        let names: Vec<_> = seen.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, ["sent", "here"]);
+        assert_ne!(seen[0].1, std::thread::current().id());
+        assert_eq!(seen[1].1, std::thread::current().id());
+    }
+
+    #[test]
+    fn a_job_run_here_never_overtakes_one_still_waiting() {
+        let (_dir, _wal, syncer) = syncer();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        // The thread is held inside the first job until released.
+        let (release, held) = mpsc::channel::<()>();
+        let first = note(&seen, "first");
+        syncer.after(
+            Durable::Nothing,
+            Box::new(move |result| {
+                held.recv().unwrap();
+                first(result);
+            }),
+        );
+        assert!(!syncer.idle());
+        syncer.run_here(Durable::Nothing, note(&seen, "second"));
+        assert!(seen.lock().unwrap().is_empty(), "the second job ran first");
+        release.send(()).unwrap();
+        syncer.wait_for_jobs();
+        let seen = seen.lock().unwrap();
+        let names: Vec<_> = seen.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, ["first", "second"]);
+        // Both on the syncer's thread: the second was sent there.
+        assert_eq!(seen[0].1, seen[1].1);
+        assert_ne!(seen[1].1, std::thread::current().id());
+        wait_until_idle(&syncer);
     }
 }
