@@ -1302,6 +1302,16 @@ fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
             Ok(())
         })
         .and_then(|replayed| {
+            if let Some((number, at)) = replayed.stopped_before {
+                tracing::warn!(
+                    log = %log.path().display(),
+                    "record {number} of the log, at byte {at}, fails its check although \
+                     the record after it passes; the replay ends before it. Either a \
+                     crash cut its write short before it was synced (then it was never \
+                     acknowledged) or the log was damaged since (then the commits from \
+                     record {number} on are lost)"
+                );
+            }
             if replayed.last > applied {
                 tables
                     .meta

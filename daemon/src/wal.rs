@@ -207,6 +207,23 @@ pub struct Replayed {
     pub last: u64,
     /// Where the records read end.
     pub end: u64,
+    /// The record the replay stopped at when it failed its check although
+    /// the record after it passes: (its number, where it starts). A
+    /// crash can leave that (the kernel wrote the later record's page
+    /// first, and neither was synced, so neither was acknowledged), and so
+    /// can damage to a synced log: the store warns either way.
+    pub stopped_before: Option<(u64, u64)>,
+}
+
+/// What the bytes at a position of the log hold.
+enum Record {
+    /// A record whose check passes.
+    Valid { number: u64, end: u64 },
+    /// A header that could start a record (its length fits the log) but
+    /// whose body is cut short or fails the check.
+    Damaged { number: u64, end: u64 },
+    /// Zeros, the end of the file, or a length past the log's end.
+    None,
 }
 
 /// What the syncer needs to make appended records durable: the file, and
@@ -493,33 +510,26 @@ impl Wal {
         let mut pos = 0u64;
         let mut last: Option<u64> = None;
         let mut body = Vec::new();
-        let mut header = [0u8; HEADER_LEN];
+        let mut stopped_before = None;
         loop {
-            if pos + HEADER_LEN as u64 > self.capacity || !self.read_exact_at(&mut header, pos)? {
-                break;
-            }
-            let body_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-            let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-            let mut number_bytes = [0u8; 8];
-            number_bytes.copy_from_slice(&header[8..16]);
-            let number = u64::from_le_bytes(number_bytes);
-            let end = pos + HEADER_LEN as u64 + u64::from(body_len);
-            if body_len == 0 || end > self.capacity {
-                break;
-            }
-            if last.is_some_and(|l| number != l + 1) {
-                break;
-            }
-            body.resize(body_len as usize, 0);
-            if !self.read_exact_at(&mut body, pos + HEADER_LEN as u64)? {
-                break;
-            }
-            let mut hasher = crc32fast::Hasher::new();
-            hasher.update(&number_bytes);
-            hasher.update(&body);
-            if hasher.finalize() != crc {
-                break;
-            }
+            let (number, end) = match self.read_record(pos, &mut body)? {
+                Record::Valid { number, .. } if last.is_some_and(|l| number != l + 1) => break,
+                Record::Valid { number, end } => (number, end),
+                Record::Damaged { number, end } => {
+                    let expected = last.map_or(applied + 1, |l| l + 1);
+                    if number == expected {
+                        if let Record::Valid { number: next, .. } =
+                            self.read_record(end, &mut body)?
+                        {
+                            if next == number + 1 {
+                                stopped_before = Some((number, pos));
+                            }
+                        }
+                    }
+                    break;
+                }
+                Record::None => break,
+            };
             if last.is_none() && number > applied + 1 {
                 return Err(Error::CorruptStore {
                     path: self.path.to_path_buf(),
@@ -538,7 +548,36 @@ impl Wal {
         Ok(Replayed {
             last: last.map_or(applied, |l| l.max(applied)),
             end: pos,
+            stopped_before,
         })
+    }
+
+    /// Reads the record at `pos` into `body`.
+    fn read_record(&self, pos: u64, body: &mut Vec<u8>) -> Result<Record> {
+        let mut header = [0u8; HEADER_LEN];
+        if pos + HEADER_LEN as u64 > self.capacity || !self.read_exact_at(&mut header, pos)? {
+            return Ok(Record::None);
+        }
+        let body_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        let mut number_bytes = [0u8; 8];
+        number_bytes.copy_from_slice(&header[8..16]);
+        let number = u64::from_le_bytes(number_bytes);
+        let end = pos + HEADER_LEN as u64 + u64::from(body_len);
+        if body_len == 0 || end > self.capacity {
+            return Ok(Record::None);
+        }
+        body.resize(body_len as usize, 0);
+        if !self.read_exact_at(body, pos + HEADER_LEN as u64)? {
+            return Ok(Record::Damaged { number, end });
+        }
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&number_bytes);
+        hasher.update(body);
+        if hasher.finalize() != crc {
+            return Ok(Record::Damaged { number, end });
+        }
+        Ok(Record::Valid { number, end })
     }
 
     /// Reads `buf.len()` bytes at `pos`; false at the end of the file.
@@ -682,7 +721,50 @@ mod tests {
         wal.restart(6).unwrap();
         let reopened = Wal::open(&path, 1 << 20).unwrap();
         let replayed = reopened.replay(5, |_, _| Ok(())).unwrap();
-        assert_eq!(replayed, Replayed { last: 5, end: 0 });
+        assert_eq!(
+            replayed,
+            Replayed {
+                last: 5,
+                end: 0,
+                stopped_before: None
+            }
+        );
+    }
+
+    /// Flips one byte of the body of the `index`th of [`five_records`].
+    fn damage_record(path: &Path, wal: &Wal, index: u64) -> u64 {
+        let all = wal.replay(0, |_, _| Ok(())).unwrap();
+        assert_eq!(all.last, 5);
+        let at = all.end / 5 * index;
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        file.write_all_at(&[0xff], at + HEADER_LEN as u64 + 5)
+            .unwrap();
+        at
+    }
+
+    #[test]
+    fn a_damaged_record_with_a_good_one_after_it_is_reported() {
+        let (_dir, path, wal) = five_records();
+        let at = damage_record(&path, &wal, 2);
+        let replayed = wal.replay(0, |_, _| Ok(())).unwrap();
+        assert_eq!(replayed.last, 2);
+        assert_eq!(replayed.end, at);
+        assert_eq!(replayed.stopped_before, Some((3, at)));
+    }
+
+    #[test]
+    fn a_damaged_last_record_is_a_torn_tail_and_not_reported() {
+        let (_dir, path, wal) = five_records();
+        let at = damage_record(&path, &wal, 4);
+        let replayed = wal.replay(0, |_, _| Ok(())).unwrap();
+        assert_eq!(
+            replayed,
+            Replayed {
+                last: 4,
+                end: at,
+                stopped_before: None
+            }
+        );
     }
 
     #[test]
@@ -690,7 +772,11 @@ mod tests {
         let (_dir, path, mut wal) = five_records();
         // Two new records over the old ones, as after a crash whose replay
         // went on from the start.
-        wal.resume(Replayed { last: 5, end: 0 });
+        wal.resume(Replayed {
+            last: 5,
+            end: 0,
+            stopped_before: None,
+        });
         wal.append(&mut record(&[chunk(1, 50, &PAYLOAD)])).unwrap();
         wal.append(&mut record(&[chunk(1, 51, &PAYLOAD)])).unwrap();
         // The old third record follows them, numbered 3: not 8.
