@@ -1188,11 +1188,9 @@ impl Writer {
         let mut results: Vec<Result<Outcome>> = Vec::with_capacity(requests.len());
         let mut staged = Staged::default();
         let store = self.store.clone();
-        // A lone command with nothing behind it is a producer waiting on
-        // its ack: the writer syncs the log itself (see `answer`), so the
+        // The writer will likely sync the log itself (see `answer`): the
         // syncer gets no head start to wake for.
-        let alone = replies.len() == 1 && self.rx.is_empty() && self.syncer.idle();
-        let sync_ahead = (!alone).then(|| self.syncer.sync_ahead());
+        let sync_ahead = (!self.syncs_alone(replies.len())).then(|| self.syncer.sync_ahead());
         let committed = store.write_logged(
             |txn| {
                 for request in requests {
@@ -1230,6 +1228,15 @@ impl Writer {
         }
     }
 
+    /// Whether the writer syncs and answers a commit of `commands` itself:
+    /// one command with nothing queued behind it is a producer waiting on
+    /// its ack, the writer has nothing better to do than the syncer's work
+    /// and is already awake for it, and with no job waiting on the syncer
+    /// the order of answers holds.
+    fn syncs_alone(&self, commands: usize) -> bool {
+        commands == 1 && self.rx.is_empty() && self.syncer.idle()
+    }
+
     /// Once `durable` holds, in order with every commit's: publishes
     /// `publish` and sends `answers`; if it cannot be made to hold, fails
     /// every answer with the reason instead. Gives back `in_flight` either
@@ -1241,7 +1248,7 @@ impl Writer {
         answers: Vec<(Reply, Result<Outcome>)>,
         in_flight: Vec<OwnedSemaphorePermit>,
     ) {
-        let lone = answers.len() == 1;
+        let here = self.syncs_alone(answers.len());
         let then: Then = Box::new(move |synced| {
             match synced {
                 Ok(()) => {
@@ -1266,9 +1273,7 @@ impl Writer {
             }
             drop(in_flight);
         });
-        // With no command waiting, the writer has nothing better to do than
-        // the syncer's work, and is already awake for it.
-        if lone && self.rx.is_empty() && self.syncer.idle() {
+        if here {
             self.syncer.run_here(durable, then);
             self.answered_alone = Some(Instant::now());
         } else {
