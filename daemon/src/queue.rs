@@ -184,8 +184,8 @@ impl Queue {
             dirty_set: HashSet::new(),
             next_age_check: Instant::now(),
             compaction_paused_until: None,
-            awake_after: None,
             answered_alone: None,
+            awake: false,
         };
         writer.install(snapshot);
         // The hub has every stream before anyone can subscribe.
@@ -895,12 +895,12 @@ struct Writer {
     dirty_set: HashSet<String>,
     next_age_check: Instant,
     compaction_paused_until: Option<Instant>,
-    /// When the last batch of commands was done, if the writer should stay
-    /// awake for the next: the batch was one command, which it answered
-    /// itself, and the one before came back within [`AWAKE_FOR`].
-    awake_after: Option<Instant>,
-    /// When the last lone command was answered by the writer itself.
+    /// When the writer last answered a lone command itself.
     answered_alone: Option<Instant>,
+    /// Whether to wait awake for the next command (see
+    /// [`Writer::stay_awake`]): the last batch was answered alone, and the
+    /// command before it came back within [`AWAKE_FOR`].
+    awake: bool,
     /// For each (stream, producer) whose appends failed to commit: the
     /// first producer seq that was not stored. Appends of that producer
     /// queued behind the failed ones would otherwise be stored after a gap,
@@ -922,9 +922,7 @@ impl Writer {
                         .is_some_and(|t| t.elapsed() < AWAKE_FOR);
                     let batch = self.drain(first);
                     self.process(batch);
-                    if quick {
-                        self.awake_after = self.answered_alone;
-                    }
+                    self.awake = quick && self.answered_alone.is_some();
                     busy_batches += 1;
                     if busy_batches >= COMPACT_EVERY_BATCHES {
                         busy_batches = 0;
@@ -984,7 +982,10 @@ impl Writer {
     /// command at a time never comes here, and neither does a writer left
     /// alone: the first command that takes longer to come ends it.
     fn stay_awake(&mut self) -> Option<Wait> {
-        let since = self.awake_after.take()?;
+        if !std::mem::take(&mut self.awake) {
+            return None;
+        }
+        let since = self.answered_alone?;
         while since.elapsed() < AWAKE_FOR {
             match self.rx.try_recv() {
                 Ok(command) => return Some(Wait::Command(command)),

@@ -1190,9 +1190,9 @@ impl<'t, K: Key + 'static, V: Value + 'static> LazyTable<'t, K, V> {
     }
 }
 
-/// Opens the tables of `txn` for writing.
-fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> Result<WriteTxn<'_>> {
-    Ok(WriteTxn {
+/// The tables of `txn`, for writing; each is opened when first used.
+fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> WriteTxn<'_> {
+    WriteTxn {
         streams: LazyTable::new(txn, STREAMS),
         chunks: LazyTable::new(txn, CHUNKS),
         pending: HashMap::new(),
@@ -1205,7 +1205,7 @@ fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> Result<WriteTxn<
         scratch: Vec::new(),
         record,
         unlogged: false,
-    })
+    }
 }
 
 /// Runs `f` in one write transaction and commits it: through the log when
@@ -1219,7 +1219,7 @@ fn write_in<T>(
 ) -> Result<(T, Durable)> {
     let mut txn = db.begin_write().map_err(storage)?;
     let outcome = {
-        let mut tables = tables(&txn, appended.is_some().then(|| log.take_buf()))?;
+        let mut tables = tables(&txn, appended.is_some().then(|| log.take_buf()));
         f(&mut tables)
             .and_then(|value| tables.flush_chunks().map(|()| value))
             .and_then(|value| {
@@ -1288,7 +1288,7 @@ fn write_in<T>(
 fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
     let mut txn = db.begin_write().map_err(storage)?;
     let replayed = {
-        let mut tables = tables(&txn, None)?;
+        let mut tables = tables(&txn, None);
         let applied = tables
             .meta
             .get()?
