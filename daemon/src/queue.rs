@@ -730,6 +730,40 @@ impl Reply {
     }
 }
 
+/// What runs once a commit is durable (or cannot be made so): publishes
+/// `publish` and sends `answers`, or fails every answer with the reason.
+/// Gives back `in_flight` either way.
+fn answering(
+    mut publish: Option<Publish>,
+    answers: Vec<(Reply, Result<Outcome>)>,
+    in_flight: Vec<OwnedSemaphorePermit>,
+) -> Then {
+    Box::new(move |synced| {
+        match synced {
+            Ok(()) => {
+                // The producers first, the followers after: a waiting
+                // producer sends its next frames sooner, and followers skip
+                // what they already read.
+                if let Some(publish) = &mut publish {
+                    publish.advance();
+                }
+                for (reply, result) in answers {
+                    reply.send(result);
+                }
+                if let Some(publish) = publish {
+                    publish.deliver();
+                }
+            }
+            Err(e) => {
+                for (reply, _) in answers {
+                    reply.fail(copy_error(&e));
+                }
+            }
+        }
+        drop(in_flight);
+    })
+}
+
 /// A copy of a commit failure for each command of the failed batch.
 fn copy_error(e: &Error) -> Error {
     match e {
@@ -1189,9 +1223,13 @@ impl Writer {
         let mut results: Vec<Result<Outcome>> = Vec::with_capacity(requests.len());
         let mut staged = Staged::default();
         let store = self.store.clone();
-        // The writer will likely sync the log itself (see `answer`): the
-        // syncer gets no head start to wake for.
-        let sync_ahead = (!self.syncs_alone(replies.len())).then(|| self.syncer.sync_ahead());
+        // Consumers' acks alone: nobody waits on their answers closely, so
+        // they share the next commit's sync rather than have their own.
+        let acks_only = requests.iter().all(|r| matches!(r, Request::Ack { .. }));
+        // The writer will likely sync the log itself (see `answer`), or
+        // the commit shares a later sync: the syncer gets no head start.
+        let sync_ahead = (!acks_only && !self.syncs_alone(replies.len()))
+            .then(|| self.syncer.sync_ahead());
         let committed = store.write_logged(
             |txn| {
                 for request in requests {
@@ -1210,7 +1248,12 @@ impl Writer {
             Ok(((), durable)) => {
                 let publish = self.publish(staged);
                 let answers = replies.into_iter().zip(results).collect();
-                self.answer(durable, Some(publish), answers, in_flight);
+                if acks_only {
+                    let then = answering(Some(publish), answers, in_flight);
+                    self.syncer.after_sharing(durable, then);
+                } else {
+                    self.answer(durable, Some(publish), answers, in_flight);
+                }
             }
             Err(e) => {
                 // Reopen first, so that readers woken by these answers find
@@ -1245,35 +1288,12 @@ impl Writer {
     fn answer(
         &mut self,
         durable: Durable,
-        mut publish: Option<Publish>,
+        publish: Option<Publish>,
         answers: Vec<(Reply, Result<Outcome>)>,
         in_flight: Vec<OwnedSemaphorePermit>,
     ) {
         let here = self.syncs_alone(answers.len());
-        let then: Then = Box::new(move |synced| {
-            match synced {
-                Ok(()) => {
-                    // The producers first, the followers after: a
-                    // waiting producer sends its next frames sooner, and
-                    // followers skip what they already read.
-                    if let Some(publish) = &mut publish {
-                        publish.advance();
-                    }
-                    for (reply, result) in answers {
-                        reply.send(result);
-                    }
-                    if let Some(publish) = publish {
-                        publish.deliver();
-                    }
-                }
-                Err(e) => {
-                    for (reply, _) in answers {
-                        reply.fail(copy_error(&e));
-                    }
-                }
-            }
-            drop(in_flight);
-        });
+        let then = answering(publish, answers, in_flight);
         if here {
             self.syncer.run_here(durable, then);
             self.answered_alone = Some(Instant::now());

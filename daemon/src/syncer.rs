@@ -19,6 +19,14 @@
 //! may run a job itself ([`Syncer::run_here`]): a lone producer waiting on
 //! its ack then waits for one `fdatasync`, not also for this thread to
 //! wake.
+//!
+//! A job nobody waits on closely (a consumer's ack) may share the next
+//! job's sync instead of having one of its own ([`Syncer::after_sharing`]):
+//! a follower acking as it reads would otherwise put a sync of a few bytes
+//! between every few syncs of frames, and the producer's next ack behind
+//! it.
+
+use std::time::Duration;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
@@ -47,7 +55,14 @@ pub type Then = Box<dyn FnOnce(Result<()>) + Send>;
 struct Job {
     durable: Durable,
     then: Then,
+    /// Whether it may wait up to [`SHARE_WAIT`] for the next job's sync.
+    shares: bool,
 }
+
+/// How long a sharing job waits for another job to sync with it before
+/// the log is synced for it alone: longer than the time between two
+/// commits of a busy producer, short beside anyone waiting on an ack.
+const SHARE_WAIT: Duration = Duration::from_millis(2);
 
 /// A handle to the syncer thread; dropping it finishes the jobs sent and
 /// waits for the thread.
@@ -77,6 +92,9 @@ struct SyncState {
     nudged: u64,
     /// Why logged jobs fail, after a failed sync.
     broken: Option<String>,
+    /// Syncs run, for tests to count.
+    #[cfg(test)]
+    syncs: u64,
 }
 
 impl Syncer {
@@ -93,8 +111,22 @@ impl Syncer {
             .name("tetherd-syncer".into())
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
-                    thread_shared.run(job);
-                    thread_shared.pending.fetch_sub(1, Ordering::Release);
+                    let next = if job.shares {
+                        rx.recv_timeout(SHARE_WAIT).ok()
+                    } else {
+                        None
+                    };
+                    let ran = match next {
+                        Some(next) => {
+                            thread_shared.run_sharing(job, next);
+                            2
+                        }
+                        None => {
+                            thread_shared.run(job);
+                            1
+                        }
+                    };
+                    thread_shared.pending.fetch_sub(ran, Ordering::Release);
                 }
             })
             .map_err(|e| Error::io("cannot start the syncer thread", e))?;
@@ -107,7 +139,25 @@ impl Syncer {
 
     /// Runs `then` once `durable` holds, after every job sent before.
     pub fn after(&self, durable: Durable, then: Then) {
-        let job = Job { durable, then };
+        self.send(Job {
+            durable,
+            then,
+            shares: false,
+        });
+    }
+
+    /// Like [`Syncer::after`], for a job whose `then` nobody waits on
+    /// closely: rather than sync the log for it alone, the thread waits up
+    /// to [`SHARE_WAIT`] for the next job, whose sync then covers both.
+    pub fn after_sharing(&self, durable: Durable, then: Then) {
+        self.send(Job {
+            durable,
+            then,
+            shares: true,
+        });
+    }
+
+    fn send(&self, job: Job) {
         self.shared.pending.fetch_add(1, Ordering::AcqRel);
         let sent = match &self.tx {
             Some(tx) => tx.send(job).map_err(|mpsc::SendError(job)| job),
@@ -133,7 +183,11 @@ impl Syncer {
     /// would overtake those before it; otherwise it is sent to the thread.
     pub fn run_here(&self, durable: Durable, then: Then) {
         if self.idle() {
-            self.shared.run(Job { durable, then });
+            self.shared.run(Job {
+                durable,
+                then,
+                shares: false,
+            });
         } else {
             self.after(durable, then);
         }
@@ -152,6 +206,7 @@ impl Syncer {
                 let job = Job {
                     durable: Durable::Logged(ticket),
                     then: Box::new(|_| {}),
+                    shares: false,
                 };
                 // Only a head start: if the thread is gone, the job that
                 // waits for this ticket says so.
@@ -207,6 +262,17 @@ impl Shared {
         (job.then)(result);
     }
 
+    /// Runs a sharing job and the one sent after it: the later one is
+    /// made durable first (a sync covers every record appended before it,
+    /// so the earlier record with it; a durable redb commit covers every
+    /// commit before it), then the jobs run in the order they were sent.
+    fn run_sharing(&self, first: Job, second: Job) {
+        let second_result = self.make_durable(second.durable);
+        let first_result = self.make_durable(first.durable);
+        (first.then)(first_result);
+        (second.then)(second_result);
+    }
+
     fn make_durable(&self, durable: Durable) -> Result<()> {
         // Never contended: the thread and a job run in place take turns
         // (see `Syncer::idle`). A panic while it was held cannot leave the
@@ -221,6 +287,10 @@ impl Shared {
             Durable::Nothing => Ok(()),
             Durable::Logged(ticket) => {
                 if state.broken.is_none() && ticket > state.synced {
+                    #[cfg(test)]
+                    {
+                        state.syncs += 1;
+                    }
                     match self.log.sync() {
                         Ok(covered) => {
                             state.synced = covered;
@@ -286,6 +356,59 @@ mod tests {
             );
             std::thread::yield_now();
         }
+    }
+
+    /// Appends a small record to the log; returns its ticket.
+    fn append(wal: &mut Wal) -> u64 {
+        let mut record = crate::wal::RecordBuf::new();
+        record.push(&crate::wal::Op::NextStreamId(7)).unwrap();
+        wal.append(&mut record).unwrap()
+    }
+
+    fn syncs(syncer: &Syncer) -> u64 {
+        syncer.shared.state.lock().unwrap().syncs
+    }
+
+    /// Holds the thread inside a job until the returned sender is used.
+    fn hold(syncer: &Syncer) -> mpsc::Sender<()> {
+        let (release, held) = mpsc::channel::<()>();
+        syncer.after(
+            Durable::Nothing,
+            Box::new(move |_| {
+                held.recv().unwrap();
+            }),
+        );
+        release
+    }
+
+    #[test]
+    fn a_sharing_job_is_covered_by_the_next_jobs_sync() {
+        let (_dir, mut wal, syncer) = syncer();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        // Both jobs are queued before the thread looks at the first.
+        let release = hold(&syncer);
+        let ack = append(&mut wal);
+        syncer.after_sharing(Durable::Logged(ack), note(&seen, "ack"));
+        let frames = append(&mut wal);
+        syncer.after(Durable::Logged(frames), note(&seen, "frames"));
+        release.send(()).unwrap();
+        syncer.wait_for_jobs();
+        let names: Vec<_> = seen.lock().unwrap().iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["ack", "frames"]);
+        assert_eq!(syncs(&syncer), 1);
+        wait_until_idle(&syncer);
+    }
+
+    #[test]
+    fn a_sharing_job_with_nothing_after_it_is_synced_alone() {
+        let (_dir, mut wal, syncer) = syncer();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let ack = append(&mut wal);
+        syncer.after_sharing(Durable::Logged(ack), note(&seen, "ack"));
+        wait_until_idle(&syncer);
+        let names: Vec<_> = seen.lock().unwrap().iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["ack"]);
+        assert_eq!(syncs(&syncer), 1);
     }
 
     #[test]
