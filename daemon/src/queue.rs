@@ -86,7 +86,9 @@ const PERSIST_AFTER: Duration = Duration::from_secs(1);
 /// producer that waits on each ack (see `Writer::stay_awake`). A
 /// producer's next frame takes two socket hops and two wake-ups to come
 /// back; a sleeping writer adds one more (tens of µs on a virtual CPU).
-const AWAKE_FOR: Duration = Duration::from_micros(250);
+/// A session waiting on such a producer's ack stays awake as long, at
+/// most (see `connection`).
+pub(crate) const AWAKE_FOR: Duration = Duration::from_micros(250);
 
 /// How the queue batches and what it retains.
 #[derive(Clone, Debug)]
@@ -1228,8 +1230,8 @@ impl Writer {
         let acks_only = requests.iter().all(|r| matches!(r, Request::Ack { .. }));
         // The writer will likely sync the log itself (see `answer`), or
         // the commit shares a later sync: the syncer gets no head start.
-        let sync_ahead = (!acks_only && !self.syncs_alone(replies.len()))
-            .then(|| self.syncer.sync_ahead());
+        let sync_ahead =
+            (!acks_only && !self.syncs_alone(replies.len())).then(|| self.syncer.sync_ahead());
         let committed = store.write_logged(
             |txn| {
                 for request in requests {
