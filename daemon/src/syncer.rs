@@ -26,11 +26,10 @@
 //! between every few syncs of frames, and the producer's next ack behind
 //! it.
 
-use std::time::Duration;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::wal::SyncHandle;
 use crate::{Error, Result};
@@ -99,6 +98,11 @@ struct SyncState {
 
 impl Syncer {
     pub fn start(log: SyncHandle) -> Result<Syncer> {
+        Syncer::start_sharing_for(log, SHARE_WAIT)
+    }
+
+    /// Starts the thread with sharing jobs waiting up to `share_wait`.
+    fn start_sharing_for(log: SyncHandle, share_wait: Duration) -> Result<Syncer> {
         let (tx, rx) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
             log,
@@ -112,7 +116,7 @@ impl Syncer {
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
                     let next = if job.shares {
-                        rx.recv_timeout(SHARE_WAIT).ok()
+                        rx.recv_timeout(share_wait).ok()
                     } else {
                         None
                     };
@@ -369,29 +373,22 @@ mod tests {
         syncer.shared.state.lock().unwrap().syncs
     }
 
-    /// Holds the thread inside a job until the returned sender is used.
-    fn hold(syncer: &Syncer) -> mpsc::Sender<()> {
-        let (release, held) = mpsc::channel::<()>();
-        syncer.after(
-            Durable::Nothing,
-            Box::new(move |_| {
-                held.recv().unwrap();
-            }),
-        );
-        release
-    }
-
     #[test]
     fn a_sharing_job_is_covered_by_the_next_jobs_sync() {
-        let (_dir, mut wal, syncer) = syncer();
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(&dir.path().join("tether.wal"), 1024 * 1024).unwrap();
+        // Waits long enough for this test to look before the next job.
+        let long = std::time::Duration::from_secs(60);
+        let syncer = Syncer::start_sharing_for(wal.sync_handle(None), long).unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
-        // Both jobs are queued before the thread looks at the first.
-        let release = hold(&syncer);
         let ack = append(&mut wal);
         syncer.after_sharing(Durable::Logged(ack), note(&seen, "ack"));
+        // Not synced alone: it waits for the next job. (A thread kept
+        // from running for this long could only make the test pass.)
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(seen.lock().unwrap().is_empty(), "the ack was synced alone");
         let frames = append(&mut wal);
         syncer.after(Durable::Logged(frames), note(&seen, "frames"));
-        release.send(()).unwrap();
         syncer.wait_for_jobs();
         let names: Vec<_> = seen.lock().unwrap().iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["ack", "frames"]);
