@@ -411,11 +411,26 @@ impl Queue {
     }
 
     /// One row per stream, in name order.
+    ///
+    /// Only what readers can see: redb holds a commit before the log's
+    /// sync makes it durable, and the hub learns of it after; a stream or
+    /// frame listed in between could be asked for and refused.
     pub async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
         let store = self.inner.store.clone();
-        tokio::task::spawn_blocking(move || store.list_streams())
+        let mut streams = tokio::task::spawn_blocking(move || store.list_streams())
             .await
-            .map_err(|e| Error::Storage(format!("store read task failed: {e}")))?
+            .map_err(|e| Error::Storage(format!("store read task failed: {e}")))??;
+        streams.retain_mut(|info| match self.inner.hub.range(&info.name) {
+            None => false,
+            Some((_, last)) => {
+                if last < info.last_seq {
+                    info.frames = info.frames.saturating_sub(info.last_seq - last);
+                    info.last_seq = last;
+                }
+                true
+            }
+        });
+        Ok(streams)
     }
 
     /// How many streams exist.
