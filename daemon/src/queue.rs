@@ -420,7 +420,7 @@ impl Queue {
         let mut streams = tokio::task::spawn_blocking(move || store.list_streams())
             .await
             .map_err(|e| Error::Storage(format!("store read task failed: {e}")))??;
-        streams.retain_mut(|info| match self.inner.hub.range(&info.name) {
+        streams.retain_mut(|info| match self.stream_range(&info.name) {
             None => false,
             Some((_, last)) => {
                 if last < info.last_seq {
@@ -747,38 +747,12 @@ impl Reply {
     }
 }
 
-/// What runs once a commit is durable (or cannot be made so): publishes
-/// `publish` and sends `answers`, or fails every answer with the reason.
-/// Gives back `in_flight` either way.
-fn answering(
-    mut publish: Option<Publish>,
-    answers: Vec<(Reply, Result<Outcome>)>,
-    in_flight: Vec<OwnedSemaphorePermit>,
-) -> Then {
-    Box::new(move |synced| {
-        match synced {
-            Ok(()) => {
-                // The producers first, the followers after: a waiting
-                // producer sends its next frames sooner, and followers skip
-                // what they already read.
-                if let Some(publish) = &mut publish {
-                    publish.advance();
-                }
-                for (reply, result) in answers {
-                    reply.send(result);
-                }
-                if let Some(publish) = publish {
-                    publish.deliver();
-                }
-            }
-            Err(e) => {
-                for (reply, _) in answers {
-                    reply.fail(copy_error(&e));
-                }
-            }
-        }
-        drop(in_flight);
-    })
+/// Whether a commit answers consumers' acks alone: nobody waits on those
+/// answers closely, so it may share a later commit's sync
+/// ([`Syncer::after_sharing`]) rather than have one of its own.
+fn acks_only<'r>(replies: impl IntoIterator<Item = &'r Reply>) -> bool {
+    let mut replies = replies.into_iter().peekable();
+    replies.peek().is_some() && replies.all(|r| matches!(r, Reply::Ack(_)))
 }
 
 /// A copy of a commit failure for each command of the failed batch.
@@ -1240,13 +1214,10 @@ impl Writer {
         let mut results: Vec<Result<Outcome>> = Vec::with_capacity(requests.len());
         let mut staged = Staged::default();
         let store = self.store.clone();
-        // Consumers' acks alone: nobody waits on their answers closely, so
-        // they share the next commit's sync rather than have their own.
-        let acks_only = requests.iter().all(|r| matches!(r, Request::Ack { .. }));
-        // The writer will likely sync the log itself (see `answer`), or
-        // the commit shares a later sync: the syncer gets no head start.
-        let sync_ahead =
-            (!acks_only && !self.syncs_alone(replies.len())).then(|| self.syncer.sync_ahead());
+        // The writer will likely sync the log itself, or the commit shares
+        // a later sync (see `answer`): the syncer gets no head start.
+        let sync_ahead = (!acks_only(&replies) && !self.syncs_alone(replies.len()))
+            .then(|| self.syncer.sync_ahead());
         let committed = store.write_logged(
             |txn| {
                 for request in requests {
@@ -1265,12 +1236,7 @@ impl Writer {
             Ok(((), durable)) => {
                 let publish = self.publish(staged);
                 let answers = replies.into_iter().zip(results).collect();
-                if acks_only {
-                    let then = answering(Some(publish), answers, in_flight);
-                    self.syncer.after_sharing(durable, then);
-                } else {
-                    self.answer(durable, Some(publish), answers, in_flight);
-                }
+                self.answer(durable, Some(publish), answers, in_flight);
             }
             Err(e) => {
                 // Reopen first, so that readers woken by these answers find
@@ -1301,17 +1267,45 @@ impl Writer {
     /// Once `durable` holds, in order with every commit's: publishes
     /// `publish` and sends `answers`; if it cannot be made to hold, fails
     /// every answer with the reason instead. Gives back `in_flight` either
-    /// way.
+    /// way. A logged commit of consumers' acks alone shares a later
+    /// commit's sync rather than have its own.
     fn answer(
         &mut self,
         durable: Durable,
-        publish: Option<Publish>,
+        mut publish: Option<Publish>,
         answers: Vec<(Reply, Result<Outcome>)>,
         in_flight: Vec<OwnedSemaphorePermit>,
     ) {
-        let here = self.syncs_alone(answers.len());
-        let then = answering(publish, answers, in_flight);
-        if here {
+        let shares =
+            matches!(durable, Durable::Logged(_)) && acks_only(answers.iter().map(|(r, _)| r));
+        let here = !shares && self.syncs_alone(answers.len());
+        let then: Then = Box::new(move |synced| {
+            match synced {
+                Ok(()) => {
+                    // The producers first, the followers after: a
+                    // waiting producer sends its next frames sooner, and
+                    // followers skip what they already read.
+                    if let Some(publish) = &mut publish {
+                        publish.advance();
+                    }
+                    for (reply, result) in answers {
+                        reply.send(result);
+                    }
+                    if let Some(publish) = publish {
+                        publish.deliver();
+                    }
+                }
+                Err(e) => {
+                    for (reply, _) in answers {
+                        reply.fail(copy_error(&e));
+                    }
+                }
+            }
+            drop(in_flight);
+        });
+        if shares {
+            self.syncer.after_sharing(durable, then);
+        } else if here {
             self.syncer.run_here(durable, then);
             self.answered_alone = Some(Instant::now());
         } else {

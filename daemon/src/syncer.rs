@@ -79,7 +79,9 @@ struct Shared {
     state: Mutex<SyncState>,
     /// Jobs sent and not yet run to the end.
     pending: AtomicUsize,
-    /// Whether a sync failed since the last durable job.
+    /// Whether a sync failed since the last durable job: `state.broken`,
+    /// readable by the writer on every commit without waiting for the
+    /// lock, which the thread holds across a sync.
     failed: AtomicBool,
 }
 
