@@ -824,6 +824,10 @@ pub struct WriteTxn<'t> {
     /// Frames appended in this transaction, one chunk per stream id,
     /// written to `chunks` just before the commit.
     pending: HashMap<u64, PendingChunk>,
+    /// Chunks closed and logged but not yet in `chunks`: a logged
+    /// transaction inserts them only after its record is appended, so
+    /// that the log's sync runs while redb copies them into its pages.
+    unstored: Vec<((u64, u64), Vec<u8>)>,
     producers: LazyTable<'t, (u64, &'static str), (u64, u64)>,
     consumers: LazyTable<'t, (u64, &'static str), u64>,
     meta: LazyTable<'t, &'static str, u64>,
@@ -873,16 +877,60 @@ impl WriteTxn<'_> {
         // continuation check is for callers that skip seqs (none do today).
         if pending.next_seq() != seq || !pending.has_room_for(frame) {
             let done = std::mem::replace(pending, PendingChunk::new(seq));
-            insert_chunk(self.chunks.get()?, &mut self.record, stream_id, done)?;
+            pending.push(frame)?;
+            return self.close_chunk(stream_id, done);
         }
         pending.push(frame)
     }
 
-    /// Writes the chunks gathered so far, so that the rest of the
-    /// transaction (and the commit) sees them.
+    /// Logs a finished chunk and stores it, or keeps it for
+    /// [`WriteTxn::store_chunks`] when the transaction is logged.
+    fn close_chunk(&mut self, stream_id: u64, chunk: PendingChunk) -> Result<()> {
+        if chunk.count == 0 {
+            return Ok(());
+        }
+        let key = (stream_id, chunk.first_seq);
+        let bytes = chunk.finish();
+        log_to(
+            &mut self.record,
+            &Op::Chunk {
+                stream_id,
+                first_seq: key.1,
+                chunk: RawBytes(&bytes),
+            },
+        )?;
+        if self.record.is_some() {
+            self.unstored.push((key, bytes));
+            Ok(())
+        } else {
+            self.chunks
+                .get()?
+                .insert(key, bytes.as_slice())
+                .map(drop)
+                .map_err(storage)
+        }
+    }
+
+    /// Closes the chunks gathered so far (logging them).
     fn flush_chunks(&mut self) -> Result<()> {
-        for (stream_id, chunk) in self.pending.drain() {
-            insert_chunk(self.chunks.get()?, &mut self.record, stream_id, chunk)?;
+        let pending = std::mem::take(&mut self.pending);
+        for (stream_id, chunk) in pending {
+            self.close_chunk(stream_id, chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Closes the chunks gathered so far and writes every logged one to
+    /// `chunks`, so that the rest of the transaction (and the commit)
+    /// sees them.
+    fn store_chunks(&mut self) -> Result<()> {
+        self.flush_chunks()?;
+        if self.unstored.is_empty() {
+            return Ok(());
+        }
+        let table = self.chunks.get()?;
+        for (key, bytes) in self.unstored.drain(..) {
+            table.insert(key, bytes.as_slice()).map_err(storage)?;
         }
         Ok(())
     }
@@ -1062,7 +1110,7 @@ impl WriteTxn<'_> {
         through_seq: u64,
         delete: impl FnMut(FrameInfo) -> bool,
     ) -> Result<Deleted> {
-        self.flush_chunks()?;
+        self.store_chunks()?;
         let out = self.choose_prefix(stream_id, from_seq, through_seq, delete)?;
         if out.frames > 0 {
             self.cut_chunks(stream_id, from_seq + out.frames)?;
@@ -1196,6 +1244,7 @@ fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> WriteTxn<'_> {
         streams: LazyTable::new(txn, STREAMS),
         chunks: LazyTable::new(txn, CHUNKS),
         pending: HashMap::new(),
+        unstored: Vec::new(),
         producers: LazyTable::new(txn, PRODUCERS),
         consumers: LazyTable::new(txn, CONSUMERS),
         meta: LazyTable::new(txn, META),
@@ -1218,32 +1267,31 @@ fn write_in<T>(
     f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
 ) -> Result<(T, Durable)> {
     let mut txn = db.begin_write().map_err(storage)?;
-    let outcome = {
-        let mut tables = tables(&txn, appended.is_some().then(|| log.take_buf()));
-        f(&mut tables)
-            .and_then(|value| tables.flush_chunks().map(|()| value))
-            .and_then(|value| {
-                // The record's number goes into the state it describes, so
-                // that a replay knows the store already holds it.
-                let record = match tables.record.take() {
-                    Some(record) if !tables.unlogged && log.fits(record.len()) => {
-                        if !record.is_empty() {
-                            tables
-                                .meta
-                                .get()?
-                                .insert(META_WAL_APPLIED, log.next_number())
-                                .map_err(storage)?;
-                        }
-                        Some(record)
+    let mut tables = tables(&txn, appended.is_some().then(|| log.take_buf()));
+    let outcome = f(&mut tables)
+        .and_then(|value| tables.flush_chunks().map(|()| value))
+        .and_then(|value| {
+            // The record's number goes into the state it describes, so
+            // that a replay knows the store already holds it.
+            let record = match tables.record.take() {
+                Some(record) if !tables.unlogged && log.fits(record.len()) => {
+                    if !record.is_empty() {
+                        tables
+                            .meta
+                            .get()?
+                            .insert(META_WAL_APPLIED, log.next_number())
+                            .map_err(storage)?;
                     }
-                    _ => None,
-                };
-                Ok((value, record))
-            })
-    };
+                    Some(record)
+                }
+                _ => None,
+            };
+            Ok((value, record))
+        });
     let (value, record) = match outcome {
         Ok(done) => done,
         Err(e) => {
+            drop(tables);
             // Dropping the transaction would abort it too; aborting
             // explicitly reports a failure to do so.
             if let Err(abort) = txn.abort() {
@@ -1252,6 +1300,7 @@ fn write_in<T>(
             return Err(e);
         }
     };
+    let mut durable = Durable::Committed;
     if let Some(mut record) = record {
         let ticket = if record.is_empty() {
             // Nothing changed; answering still waits for what came before.
@@ -1265,13 +1314,26 @@ fn write_in<T>(
                 if let Some(appended) = appended {
                     appended(ticket);
                 }
-                txn.set_durability(Durability::None).map_err(storage)?;
-                commit(txn)?;
-                return Ok((value, Durable::Logged(ticket)));
+                durable = Durable::Logged(ticket);
             }
             // The store itself can still take it: commit durably, below.
             Err(e) => tracing::warn!("{e}; committing to the store directly"),
         }
+    }
+    // After the append: the log's sync (which `appended` may have started)
+    // runs while redb copies the frames into its pages.
+    let stored = tables.store_chunks();
+    drop(tables);
+    if let Err(e) = stored {
+        if let Err(abort) = txn.abort() {
+            tracing::warn!("aborting a failed write transaction: {abort}");
+        }
+        return Err(e);
+    }
+    if let Durable::Logged(_) = durable {
+        txn.set_durability(Durability::None).map_err(storage)?;
+        commit(txn)?;
+        return Ok((value, durable));
     }
     txn.set_durability(Durability::Immediate).map_err(storage)?;
     commit(txn)?;
@@ -1559,30 +1621,6 @@ impl PendingChunk {
         self.bytes[..COUNT_LEN].copy_from_slice(&self.count.to_le_bytes());
         self.bytes
     }
-}
-
-fn insert_chunk(
-    table: &mut Table<'_, (u64, u64), &'static [u8]>,
-    record: &mut Option<RecordBuf>,
-    stream_id: u64,
-    chunk: PendingChunk,
-) -> Result<()> {
-    if chunk.count == 0 {
-        return Ok(());
-    }
-    let first_seq = chunk.first_seq;
-    let bytes = chunk.finish();
-    table
-        .insert((stream_id, first_seq), bytes.as_slice())
-        .map_err(storage)?;
-    log_to(
-        record,
-        &Op::Chunk {
-            stream_id,
-            first_seq,
-            chunk: RawBytes(&bytes),
-        },
-    )
 }
 
 /// Adds `op` to a transaction's log record, if it has one (a function of
@@ -2120,6 +2158,31 @@ mod tests {
         assert_eq!(deleted.frames, 1);
         assert_eq!(store.frame_ts(7, 1).unwrap(), None);
         assert!(store.frame_ts(7, 2).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_logged_transaction_deleting_frames_it_put_replays_alike() {
+        // Its chunks go into redb only after the record is appended: the
+        // deletion must still see them, in the record's order.
+        let (dir, store) = store();
+        let path = dir.path().join("t.redb");
+        let (deleted, durable) = store
+            .write_logged(
+                |txn| {
+                    put_frames(txn, 1, 3)?;
+                    txn.delete_prefix(7, 1, 3, |info| info.seq == 1)
+                },
+                |_| {},
+            )
+            .unwrap();
+        assert_eq!(
+            (deleted.frames, matches!(durable, Durable::Logged(_))),
+            (1, true)
+        );
+        assert_eq!(stored_ts(&store, 1, 10), ts_of_only(2..=3));
+        let crashed = tempfile::tempdir().unwrap();
+        let recovered = Store::open(&crash_copy(&path, crashed.path(), true)).unwrap();
+        assert_eq!(stored_ts(&recovered, 1, 10), ts_of_only(2..=3));
     }
 
     #[test]
