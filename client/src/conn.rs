@@ -53,6 +53,11 @@ const MIN_SSH_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(4);
 /// `tether dial-stdio` may spend reaching its daemon's socket; the rest is
 /// for ssh itself and `Hello`.
 const REMOTE_SHARE_OF_HANDSHAKE: f64 = 0.5;
+/// How long a failed write waits for the error frame that may explain it
+/// (see `Connection::why_write_failed`): locally it has arrived already;
+/// over ssh it may still be on its way.
+const WHY_CLOSED_WAIT: Duration = Duration::from_millis(200);
+
 /// Default size of a session's read and write buffers: large enough that
 /// one syscall carries hundreds of small frames.
 pub const DEFAULT_BUFFER_SIZE: usize = 256 * 1024;
@@ -383,21 +388,37 @@ impl Connection {
             return Ok(None);
         }
         while !self.out.is_empty() {
-            tokio::select! {
+            let failed = tokio::select! {
                 biased;
                 item = self.reader.next() => return self.accept(item).map(Some),
                 written = self.writer.write_buf(&mut self.out) => match written {
-                    Ok(0) => return Err(Error::Closed { endpoint: self.endpoint.clone() }),
-                    Ok(_) => {}
-                    Err(source) => return Err(Error::Io { endpoint: self.endpoint.clone(), source }),
+                    Ok(0) => Error::Closed { endpoint: self.endpoint.clone() },
+                    Ok(_) => continue,
+                    Err(source) => Error::Io { endpoint: self.endpoint.clone(), source },
                 },
-            }
+            };
+            return Err(self.why_write_failed(failed).await);
         }
-        self.writer.flush().await.map_err(|source| Error::Io {
-            endpoint: self.endpoint.clone(),
-            source,
-        })?;
+        if let Err(source) = self.writer.flush().await {
+            let failed = Error::Io {
+                endpoint: self.endpoint.clone(),
+                source,
+            };
+            return Err(self.why_write_failed(failed).await);
+        }
         Ok(None)
+    }
+
+    /// A write fails (a broken pipe) when the daemon has closed the
+    /// session, which it does after an error frame: that frame, already
+    /// received, says why (a full disk, say) where the broken pipe would
+    /// read as "cannot reach tetherd". Waits only briefly for it, in case
+    /// the session ended without one.
+    async fn why_write_failed(&mut self, failed: Error) -> Error {
+        match tokio::time::timeout(WHY_CLOSED_WAIT, self.reader.next()).await {
+            Ok(item @ Some(Ok(Response::Error(_)))) => self.accept(item).err().unwrap_or(failed),
+            _ => failed,
+        }
     }
 
     /// Waits for the next response. An error frame from the daemon becomes
@@ -864,6 +885,62 @@ mod tests {
         assert_eq!(err.exit_code(), 1);
         assert_eq!(err.daemon_code(), Some(ErrorCode::STORAGE_FULL));
         server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_write_the_daemon_closed_on_is_explained_by_its_error_frame() {
+        use futures_util::SinkExt;
+        use tether_protocol::{ErrorCode, ErrorFrame, ServerCodec};
+        use tokio_util::codec::Framed;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        // The first session ends with an error frame, the second without.
+        let server = tokio::spawn(async move {
+            for refusal in [Some(ErrorCode::STORAGE_FULL), None] {
+                let (stream, _) = listener.accept().await.unwrap();
+                let mut framed = Framed::new(stream, ServerCodec::new());
+                let _hello = framed.next().await;
+                framed
+                    .send(Response::HelloOk(HelloOk {
+                        version: PROTOCOL_VERSION,
+                        capabilities: Capabilities::DURABLE,
+                        daemon: "d".into(),
+                    }))
+                    .await
+                    .unwrap();
+                if let Some(code) = refusal {
+                    let frame = ErrorFrame {
+                        code,
+                        message: "disk full".into(),
+                    };
+                    framed.send(Response::Error(frame)).await.unwrap();
+                }
+            }
+        });
+        let broken_pipe = || Error::Io {
+            endpoint: "d.sock".into(),
+            source: std::io::ErrorKind::BrokenPipe.into(),
+        };
+        let connector = connector(&path, Duration::from_secs(5));
+        let mut refused = connector.connect().await.unwrap();
+        let mut closed = connector.connect().await.unwrap();
+        server.await.unwrap();
+
+        let why = refused.why_write_failed(broken_pipe()).await;
+        assert_eq!(why.daemon_code(), Some(ErrorCode::STORAGE_FULL));
+        assert_eq!(why.to_string(), "disk full (storage_full)");
+        let started = Instant::now();
+        let why = closed.why_write_failed(broken_pipe()).await;
+        assert!(
+            matches!(&why, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::BrokenPipe),
+            "{why}"
+        );
+        assert!(
+            started.elapsed() < WHY_CLOSED_WAIT,
+            "waited for a frame after the end of the stream"
+        );
     }
 
     #[tokio::test]
