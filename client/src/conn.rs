@@ -740,6 +740,23 @@ mod tests {
 
     use super::*;
 
+    /// A fake daemon's answer to Hello.
+    fn hello_ok(daemon: &str) -> Response {
+        Response::HelloOk(HelloOk {
+            version: PROTOCOL_VERSION,
+            capabilities: Capabilities::DURABLE,
+            daemon: daemon.into(),
+        })
+    }
+
+    /// A fake daemon's refusal for a full disk.
+    fn disk_full() -> Response {
+        Response::Error(tether_protocol::ErrorFrame {
+            code: tether_protocol::ErrorCode::STORAGE_FULL,
+            message: "disk full".into(),
+        })
+    }
+
     fn connector(path: &Path, window: Duration) -> Connector {
         Connector::new(
             Endpoint::unix(path),
@@ -810,14 +827,7 @@ mod tests {
             let (stream, _) = listener.accept().await.unwrap();
             let mut framed = Framed::new(stream, ServerCodec::new());
             let _hello = framed.next().await;
-            framed
-                .send(Response::HelloOk(HelloOk {
-                    version: PROTOCOL_VERSION,
-                    capabilities: Capabilities::DURABLE,
-                    daemon: "late".into(),
-                }))
-                .await
-                .unwrap();
+            framed.send(hello_ok("late")).await.unwrap();
             // Hold the session open until the client has seen the answer.
             let _ = framed.next().await;
         });
@@ -854,7 +864,7 @@ mod tests {
     #[tokio::test]
     async fn a_daemon_that_keeps_refusing_is_given_up_on_after_the_window_with_its_reason() {
         use futures_util::SinkExt;
-        use tether_protocol::{ErrorCode, ErrorFrame, ServerCodec};
+        use tether_protocol::{ErrorCode, ServerCodec};
         use tokio_util::codec::Framed;
 
         let dir = tempfile::tempdir().unwrap();
@@ -865,11 +875,7 @@ mod tests {
                 let (stream, _) = listener.accept().await.unwrap();
                 let mut framed = Framed::new(stream, ServerCodec::new());
                 let _hello = framed.next().await;
-                let refusal = Response::Error(ErrorFrame {
-                    code: ErrorCode::STORAGE_FULL,
-                    message: "disk full".into(),
-                });
-                let _ = framed.send(refusal).await;
+                let _ = framed.send(disk_full()).await;
             }
         });
         let started = Instant::now();
@@ -890,7 +896,7 @@ mod tests {
     #[tokio::test]
     async fn a_write_the_daemon_closed_on_is_explained_by_its_error_frame() {
         use futures_util::SinkExt;
-        use tether_protocol::{ErrorCode, ErrorFrame, ServerCodec};
+        use tether_protocol::{ErrorCode, ServerCodec};
         use tokio_util::codec::Framed;
 
         let dir = tempfile::tempdir().unwrap();
@@ -898,24 +904,13 @@ mod tests {
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
         // The first session ends with an error frame, the second without.
         let server = tokio::spawn(async move {
-            for refusal in [Some(ErrorCode::STORAGE_FULL), None] {
+            for refusal in [Some(disk_full()), None] {
                 let (stream, _) = listener.accept().await.unwrap();
                 let mut framed = Framed::new(stream, ServerCodec::new());
                 let _hello = framed.next().await;
-                framed
-                    .send(Response::HelloOk(HelloOk {
-                        version: PROTOCOL_VERSION,
-                        capabilities: Capabilities::DURABLE,
-                        daemon: "d".into(),
-                    }))
-                    .await
-                    .unwrap();
-                if let Some(code) = refusal {
-                    let frame = ErrorFrame {
-                        code,
-                        message: "disk full".into(),
-                    };
-                    framed.send(Response::Error(frame)).await.unwrap();
+                framed.send(hello_ok("d")).await.unwrap();
+                if let Some(refusal) = refusal {
+                    framed.send(refusal).await.unwrap();
                 }
             }
         });
