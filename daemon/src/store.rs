@@ -822,7 +822,7 @@ pub struct WriteTxn<'t> {
     streams: LazyTable<'t, &'static str, &'static [u8]>,
     chunks: LazyTable<'t, (u64, u64), &'static [u8]>,
     /// Frames appended in this transaction, one chunk per stream id,
-    /// written to `chunks` just before the commit.
+    /// closed (and logged) when full or before the record is appended.
     pending: HashMap<u64, PendingChunk>,
     /// Chunks closed and logged but not yet in `chunks`: a logged
     /// transaction inserts them only after its record is appended, so
@@ -1292,11 +1292,7 @@ fn write_in<T>(
         Ok(done) => done,
         Err(e) => {
             drop(tables);
-            // Dropping the transaction would abort it too; aborting
-            // explicitly reports a failure to do so.
-            if let Err(abort) = txn.abort() {
-                tracing::warn!("aborting a failed write transaction: {abort}");
-            }
+            abort(txn);
             return Err(e);
         }
     };
@@ -1325,9 +1321,7 @@ fn write_in<T>(
     let stored = tables.store_chunks();
     drop(tables);
     if let Err(e) = stored {
-        if let Err(abort) = txn.abort() {
-            tracing::warn!("aborting a failed write transaction: {abort}");
-        }
+        abort(txn);
         return Err(e);
     }
     if let Durable::Logged(_) = durable {
@@ -1339,6 +1333,14 @@ fn write_in<T>(
     commit(txn)?;
     log.restart(log.next_number())?;
     Ok((value, Durable::Committed))
+}
+
+/// Aborts a transaction that failed. Dropping it would abort it too;
+/// aborting explicitly reports a failure to do so.
+fn abort(txn: WriteTransaction) {
+    if let Err(e) = txn.abort() {
+        tracing::warn!("aborting a failed write transaction: {e}");
+    }
 }
 
 /// Applies what the log holds beyond the store (see [`crate::wal`]) and
@@ -1402,9 +1404,7 @@ fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
             Ok(0)
         }
         Err(e) => {
-            if let Err(abort) = txn.abort() {
-                tracing::warn!("aborting a failed replay: {abort}");
-            }
+            abort(txn);
             Err(e)
         }
     }
