@@ -369,13 +369,14 @@ impl Connection {
 
     /// Writes everything queued.
     pub async fn flush(&mut self) -> Result<()> {
-        let endpoint = &self.endpoint;
-        let io = |source| Error::Io {
-            endpoint: endpoint.clone(),
-            source,
+        let written = match self.writer.write_all_buf(&mut self.out).await {
+            Ok(()) => self.writer.flush().await,
+            Err(e) => Err(e),
         };
-        self.writer.write_all_buf(&mut self.out).await.map_err(io)?;
-        self.writer.flush().await.map_err(io)
+        match written {
+            Ok(()) => Ok(()),
+            Err(source) => Err(self.write_failed(source).await),
+        }
     }
 
     /// Writes what is queued, but returns early with a response if one
@@ -394,26 +395,32 @@ impl Connection {
                 written = self.writer.write_buf(&mut self.out) => match written {
                     Ok(0) => Error::Closed { endpoint: self.endpoint.clone() },
                     Ok(_) => continue,
-                    Err(source) => Error::Io { endpoint: self.endpoint.clone(), source },
+                    Err(source) => return Err(self.write_failed(source).await),
                 },
             };
             return Err(self.why_write_failed(failed).await);
         }
-        if let Err(source) = self.writer.flush().await {
-            let failed = Error::Io {
-                endpoint: self.endpoint.clone(),
-                source,
-            };
-            return Err(self.why_write_failed(failed).await);
+        match self.writer.flush().await {
+            Ok(()) => Ok(None),
+            Err(source) => Err(self.write_failed(source).await),
         }
-        Ok(None)
+    }
+
+    /// The error for a write that failed with `source`.
+    async fn write_failed(&mut self, source: std::io::Error) -> Error {
+        let failed = Error::Io {
+            endpoint: self.endpoint.clone(),
+            source,
+        };
+        self.why_write_failed(failed).await
     }
 
     /// A write fails (a broken pipe) when the daemon has closed the
     /// session, which it does after an error frame: that frame, already
     /// received, says why (a full disk, say) where the broken pipe would
     /// read as "cannot reach tetherd". Waits only briefly for it, in case
-    /// the session ended without one.
+    /// the session ended without one. Every write of a session comes here
+    /// when it fails.
     async fn why_write_failed(&mut self, failed: Error) -> Error {
         match tokio::time::timeout(WHY_CLOSED_WAIT, self.reader.next()).await {
             Ok(item @ Some(Ok(Response::Error(_)))) => self.accept(item).err().unwrap_or(failed),

@@ -755,6 +755,16 @@ fn acks_only<'r>(replies: impl IntoIterator<Item = &'r Reply>) -> bool {
     replies.peek().is_some() && replies.all(|r| matches!(r, Reply::Ack(_)))
 }
 
+/// Who makes a commit durable and answers it (see [`Writer::handing`]).
+enum Handing {
+    /// The syncer, with the next job's sync ([`Syncer::after_sharing`]).
+    Shared,
+    /// The writer itself ([`Syncer::run_here`]).
+    Here,
+    /// The syncer, in turn ([`Syncer::after`]).
+    Queued,
+}
+
 /// A copy of a commit failure for each command of the failed batch.
 fn copy_error(e: &Error) -> Error {
     match e {
@@ -1214,9 +1224,8 @@ impl Writer {
         let mut results: Vec<Result<Outcome>> = Vec::with_capacity(requests.len());
         let mut staged = Staged::default();
         let store = self.store.clone();
-        // The writer will likely sync the log itself, or the commit shares
-        // a later sync (see `answer`): the syncer gets no head start.
-        let sync_ahead = (!acks_only(&replies) && !self.syncs_alone(replies.len()))
+        // Only a commit the syncer will sync for gives it a head start.
+        let sync_ahead = matches!(self.handing(true, replies.iter()), Handing::Queued)
             .then(|| self.syncer.sync_ahead());
         let committed = store.write_logged(
             |txn| {
@@ -1255,20 +1264,35 @@ impl Writer {
         }
     }
 
-    /// Whether the writer syncs and answers a commit of `commands` itself:
-    /// one command with nothing queued behind it is a producer waiting on
-    /// its ack, the writer has nothing better to do than the syncer's work
-    /// and is already awake for it, and with no job waiting on the syncer
-    /// the order of answers holds.
-    fn syncs_alone(&self, commands: usize) -> bool {
-        commands == 1 && self.rx.is_empty() && self.syncer.idle()
+    /// How a commit answering `replies` is made durable and answered
+    /// (asked before the commit, for the syncer's head start, and again
+    /// after it, when it counts).
+    ///
+    /// A logged commit of consumers' acks alone shares a later commit's
+    /// sync: nobody waits on those answers closely. One command with
+    /// nothing queued behind it is a producer waiting on its ack: the
+    /// writer has nothing better to do than the syncer's work and is
+    /// already awake for it, and with no job waiting on the syncer the
+    /// order of answers holds.
+    fn handing<'r>(
+        &self,
+        logged: bool,
+        replies: impl ExactSizeIterator<Item = &'r Reply>,
+    ) -> Handing {
+        let commands = replies.len();
+        if logged && acks_only(replies) {
+            Handing::Shared
+        } else if commands == 1 && self.rx.is_empty() && self.syncer.idle() {
+            Handing::Here
+        } else {
+            Handing::Queued
+        }
     }
 
     /// Once `durable` holds, in order with every commit's: publishes
     /// `publish` and sends `answers`; if it cannot be made to hold, fails
     /// every answer with the reason instead. Gives back `in_flight` either
-    /// way. A logged commit of consumers' acks alone shares a later
-    /// commit's sync rather than have its own.
+    /// way. See [`Writer::handing`] for who syncs.
     fn answer(
         &mut self,
         durable: Durable,
@@ -1276,9 +1300,8 @@ impl Writer {
         answers: Vec<(Reply, Result<Outcome>)>,
         in_flight: Vec<OwnedSemaphorePermit>,
     ) {
-        let shares =
-            matches!(durable, Durable::Logged(_)) && acks_only(answers.iter().map(|(r, _)| r));
-        let here = !shares && self.syncs_alone(answers.len());
+        let logged = matches!(durable, Durable::Logged(_));
+        let handing = self.handing(logged, answers.iter().map(|(reply, _)| reply));
         let then: Then = Box::new(move |synced| {
             match synced {
                 Ok(()) => {
@@ -1303,13 +1326,13 @@ impl Writer {
             }
             drop(in_flight);
         });
-        if shares {
-            self.syncer.after_sharing(durable, then);
-        } else if here {
-            self.syncer.run_here(durable, then);
-            self.answered_alone = Some(Instant::now());
-        } else {
-            self.syncer.after(durable, then);
+        match handing {
+            Handing::Shared => self.syncer.after_sharing(durable, then),
+            Handing::Here => {
+                self.syncer.run_here(durable, then);
+                self.answered_alone = Some(Instant::now());
+            }
+            Handing::Queued => self.syncer.after(durable, then),
         }
     }
 

@@ -164,13 +164,7 @@ impl Syncer {
     }
 
     fn send(&self, job: Job) {
-        self.shared.pending.fetch_add(1, Ordering::AcqRel);
-        let sent = match &self.tx {
-            Some(tx) => tx.send(job).map_err(|mpsc::SendError(job)| job),
-            None => Err(job),
-        };
-        if let Err(job) = sent {
-            self.shared.pending.fetch_sub(1, Ordering::Release);
+        if let Err(job) = self.shared.send(self.tx.as_ref(), job) {
             // The thread is gone (it cannot panic short of a bug in a
             // job): say so to whoever waits rather than leave them hanging.
             (job.then)(Err(Error::Storage("the syncer thread stopped".into())));
@@ -207,19 +201,14 @@ impl Syncer {
         let tx = self.tx.clone();
         let shared = self.shared.clone();
         move |ticket| {
-            if let Some(tx) = tx {
-                shared.pending.fetch_add(1, Ordering::AcqRel);
-                let job = Job {
-                    durable: Durable::Logged(ticket),
-                    then: Box::new(|_| {}),
-                    shares: false,
-                };
-                // Only a head start: if the thread is gone, the job that
-                // waits for this ticket says so.
-                if tx.send(job).is_err() {
-                    shared.pending.fetch_sub(1, Ordering::Release);
-                }
-            }
+            let job = Job {
+                durable: Durable::Logged(ticket),
+                then: Box::new(|_| {}),
+                shares: false,
+            };
+            // Only a head start: if the thread is gone, the job that waits
+            // for this ticket says so.
+            let _ = shared.send(tx.as_ref(), job);
         }
     }
 
@@ -267,6 +256,20 @@ impl Drop for Syncer {
 const WRITEBACK_EVERY: u64 = 256 * 1024;
 
 impl Shared {
+    /// Sends `job` to the thread, counting it pending until it has run;
+    /// gives it back when the thread is gone.
+    fn send(&self, tx: Option<&mpsc::Sender<Job>>, job: Job) -> std::result::Result<(), Job> {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        let sent = match tx {
+            Some(tx) => tx.send(job).map_err(|mpsc::SendError(job)| job),
+            None => Err(job),
+        };
+        if sent.is_err() {
+            self.pending.fetch_sub(1, Ordering::Release);
+        }
+        sent
+    }
+
     fn run(&self, job: Job) {
         let result = self.make_durable(job.durable);
         (job.then)(result);
