@@ -96,7 +96,9 @@ pub const SCHEMA_VERSION: u64 = 2;
 /// W1, going from 8 to 2 MiB shortened those stalls (the slowest frames
 /// around each persist: 6-7 ms against 4-5 ms), cut the daemon's CPU per
 /// frame and its peak RSS (28 to 20 MiB), with W0, W2 and replay speed
-/// unchanged. Readers lose little: the frames they read are in the
+/// unchanged. A group commit bigger than the buffer (up to 4 MiB) has
+/// redb write its pages to the file early, which its commit protocol
+/// allows. Readers lose little: the frames they read are in the
 /// kernel's page cache anyway. At 64 MiB the daemon had peaked at 168 MiB
 /// resident (the cache is many small page buffers).
 const CACHE_BYTES: usize = 2 * 1024 * 1024;
