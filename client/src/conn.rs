@@ -389,16 +389,21 @@ impl Connection {
             return Ok(None);
         }
         while !self.out.is_empty() {
-            let failed = tokio::select! {
+            let written = tokio::select! {
                 biased;
                 item = self.reader.next() => return self.accept(item).map(Some),
-                written = self.writer.write_buf(&mut self.out) => match written {
-                    Ok(0) => Error::Closed { endpoint: self.endpoint.clone() },
-                    Ok(_) => continue,
-                    Err(source) => return Err(self.write_failed(source).await),
-                },
+                written = self.writer.write_buf(&mut self.out) => written,
             };
-            return Err(self.why_write_failed(failed).await);
+            match written {
+                Ok(0) => {
+                    let closed = Error::Closed {
+                        endpoint: self.endpoint.clone(),
+                    };
+                    return Err(self.why_write_failed(closed).await);
+                }
+                Ok(_) => {}
+                Err(source) => return Err(self.write_failed(source).await),
+            }
         }
         match self.writer.flush().await {
             Ok(()) => Ok(None),
@@ -745,7 +750,29 @@ fn cause_text(cause: &Error) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+    use futures_util::SinkExt;
+    use tether_protocol::{ErrorCode, ErrorFrame, ServerCodec};
+    use tokio_util::codec::Framed;
+
     use super::*;
+
+    /// A fake daemon's socket, bound in a new temporary directory.
+    fn listening(name: &str) -> (tempfile::TempDir, PathBuf, tokio::net::UnixListener) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        (dir, path, listener)
+    }
+
+    /// A fake daemon's next session, once its client has sent Hello.
+    async fn accept_session(
+        listener: &tokio::net::UnixListener,
+    ) -> Framed<tokio::net::UnixStream, ServerCodec> {
+        let (stream, _) = listener.accept().await.unwrap();
+        let mut framed = Framed::new(stream, ServerCodec::new());
+        let _hello = framed.next().await;
+        framed
+    }
 
     /// A fake daemon's answer to Hello.
     fn hello_ok(daemon: &str) -> Response {
@@ -758,8 +785,8 @@ mod tests {
 
     /// A fake daemon's refusal for a full disk.
     fn disk_full() -> Response {
-        Response::Error(tether_protocol::ErrorFrame {
-            code: tether_protocol::ErrorCode::STORAGE_FULL,
+        Response::Error(ErrorFrame {
+            code: ErrorCode::STORAGE_FULL,
             message: "disk full".into(),
         })
     }
@@ -821,19 +848,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_window_of_forever_keeps_trying_until_the_daemon_appears() {
-        use futures_util::SinkExt;
-        use tether_protocol::ServerCodec;
-        use tokio_util::codec::Framed;
-
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("late.sock");
         let late = path.clone();
         let server = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
             let listener = tokio::net::UnixListener::bind(&late).unwrap();
-            let (stream, _) = listener.accept().await.unwrap();
-            let mut framed = Framed::new(stream, ServerCodec::new());
-            let _hello = framed.next().await;
+            let mut framed = accept_session(&listener).await;
             framed.send(hello_ok("late")).await.unwrap();
             // Hold the session open until the client has seen the answer.
             let _ = framed.next().await;
@@ -870,18 +891,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_daemon_that_keeps_refusing_is_given_up_on_after_the_window_with_its_reason() {
-        use futures_util::SinkExt;
-        use tether_protocol::{ErrorCode, ServerCodec};
-        use tokio_util::codec::Framed;
-
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("full.sock");
-        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let (_dir, path, listener) = listening("full.sock");
         let server = tokio::spawn(async move {
             loop {
-                let (stream, _) = listener.accept().await.unwrap();
-                let mut framed = Framed::new(stream, ServerCodec::new());
-                let _hello = framed.next().await;
+                let mut framed = accept_session(&listener).await;
                 let _ = framed.send(disk_full()).await;
             }
         });
@@ -902,19 +915,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_the_daemon_closed_on_is_explained_by_its_error_frame() {
-        use futures_util::SinkExt;
-        use tether_protocol::{ErrorCode, ServerCodec};
-        use tokio_util::codec::Framed;
-
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("d.sock");
-        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let (_dir, path, listener) = listening("d.sock");
         // The first session ends with an error frame, the second without.
         let server = tokio::spawn(async move {
             for refusal in [Some(disk_full()), None] {
-                let (stream, _) = listener.accept().await.unwrap();
-                let mut framed = Framed::new(stream, ServerCodec::new());
-                let _hello = framed.next().await;
+                let mut framed = accept_session(&listener).await;
                 framed.send(hello_ok("d")).await.unwrap();
                 if let Some(refusal) = refusal {
                     framed.send(refusal).await.unwrap();
@@ -947,17 +952,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_that_answers_hello_with_an_error_is_refused_at_once() {
-        use futures_util::SinkExt;
-        use tether_protocol::{ErrorCode, ErrorFrame, ServerCodec};
-        use tokio_util::codec::Framed;
-
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("d.sock");
-        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let (_dir, path, listener) = listening("d.sock");
         let server = tokio::spawn(async move {
-            let (stream, _) = listener.accept().await.unwrap();
-            let mut framed = Framed::new(stream, ServerCodec::new());
-            let _hello = framed.next().await;
+            let mut framed = accept_session(&listener).await;
             framed
                 .send(Response::Error(ErrorFrame {
                     code: ErrorCode::UNSUPPORTED_VERSION,

@@ -1331,15 +1331,20 @@ fn write_in<T>(
         abort(txn);
         return Err(e);
     }
-    if let Durable::Logged(_) = durable {
-        txn.set_durability(Durability::None).map_err(storage)?;
-        commit(txn)?;
-        return Ok((value, durable));
-    }
-    txn.set_durability(Durability::Immediate).map_err(storage)?;
+    // A logged commit is made durable by the log's sync; any other by
+    // redb itself, after which the log is no longer needed.
+    let logged = matches!(durable, Durable::Logged(_));
+    let durability = if logged {
+        Durability::None
+    } else {
+        Durability::Immediate
+    };
+    txn.set_durability(durability).map_err(storage)?;
     commit(txn)?;
-    log.restart(log.next_number())?;
-    Ok((value, Durable::Committed))
+    if !logged {
+        log.restart(log.next_number())?;
+    }
+    Ok((value, durable))
 }
 
 /// Aborts a transaction that failed. Dropping it would abort it too;

@@ -115,26 +115,7 @@ impl Syncer {
         let thread_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("tetherd-syncer".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    let next = if job.shares {
-                        rx.recv_timeout(share_wait).ok()
-                    } else {
-                        None
-                    };
-                    let ran = match next {
-                        Some(next) => {
-                            thread_shared.run_sharing(job, next);
-                            2
-                        }
-                        None => {
-                            thread_shared.run(job);
-                            1
-                        }
-                    };
-                    thread_shared.pending.fetch_sub(ran, Ordering::Release);
-                }
-            })
+            .spawn(move || thread_shared.serve(&rx, share_wait))
             .map_err(|e| Error::io("cannot start the syncer thread", e))?;
         Ok(Syncer {
             tx: Some(tx),
@@ -270,6 +251,29 @@ impl Shared {
         sent
     }
 
+    /// The thread: runs the jobs in the order they come, a sharing one
+    /// together with the next if it comes within `share_wait`.
+    fn serve(&self, rx: &mpsc::Receiver<Job>, share_wait: Duration) {
+        while let Ok(job) = rx.recv() {
+            let next = if job.shares {
+                rx.recv_timeout(share_wait).ok()
+            } else {
+                None
+            };
+            let ran = match next {
+                Some(next) => {
+                    self.run_sharing(job, next);
+                    2
+                }
+                None => {
+                    self.run(job);
+                    1
+                }
+            };
+            self.pending.fetch_sub(ran, Ordering::Release);
+        }
+    }
+
     fn run(&self, job: Job) {
         let result = self.make_durable(job.durable);
         (job.then)(result);
@@ -341,14 +345,26 @@ mod tests {
 
     /// A syncer over a real log in a temporary directory.
     fn syncer() -> (tempfile::TempDir, Wal, Syncer) {
+        syncer_sharing_for(SHARE_WAIT)
+    }
+
+    /// [`syncer`] with sharing jobs waiting up to `share_wait`.
+    fn syncer_sharing_for(share_wait: Duration) -> (tempfile::TempDir, Wal, Syncer) {
         let dir = tempfile::tempdir().unwrap();
         let wal = Wal::open(&dir.path().join("tether.wal"), 1024 * 1024).unwrap();
-        let syncer = Syncer::start(wal.sync_handle(None)).unwrap();
+        let syncer = Syncer::start_sharing_for(wal.sync_handle(None), share_wait).unwrap();
         (dir, wal, syncer)
     }
 
+    type Seen = Arc<Mutex<Vec<(&'static str, ThreadId)>>>;
+
+    /// The names of the jobs run so far, in order.
+    fn names(seen: &Seen) -> Vec<&'static str> {
+        seen.lock().unwrap().iter().map(|(name, _)| *name).collect()
+    }
+
     /// A job that notes its name and the thread it ran on.
-    fn note(seen: &Arc<Mutex<Vec<(&'static str, ThreadId)>>>, name: &'static str) -> Then {
+    fn note(seen: &Seen, name: &'static str) -> Then {
         let seen = seen.clone();
         Box::new(move |result| {
             result.unwrap();
@@ -384,11 +400,8 @@ mod tests {
 
     #[test]
     fn a_sharing_job_is_covered_by_the_next_jobs_sync() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(&dir.path().join("tether.wal"), 1024 * 1024).unwrap();
         // Waits long enough for this test to look before the next job.
-        let long = std::time::Duration::from_secs(60);
-        let syncer = Syncer::start_sharing_for(wal.sync_handle(None), long).unwrap();
+        let (_dir, mut wal, syncer) = syncer_sharing_for(Duration::from_secs(60));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let ack = append(&mut wal);
         syncer.after_sharing(Durable::Logged(ack), note(&seen, "ack"));
@@ -399,8 +412,7 @@ mod tests {
         let frames = append(&mut wal);
         syncer.after(Durable::Logged(frames), note(&seen, "frames"));
         syncer.wait_for_jobs();
-        let names: Vec<_> = seen.lock().unwrap().iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, ["ack", "frames"]);
+        assert_eq!(names(&seen), ["ack", "frames"]);
         assert_eq!(syncs(&syncer), 1);
         wait_until_idle(&syncer);
     }
@@ -412,8 +424,7 @@ mod tests {
         let ack = append(&mut wal);
         syncer.after_sharing(Durable::Logged(ack), note(&seen, "ack"));
         wait_until_idle(&syncer);
-        let names: Vec<_> = seen.lock().unwrap().iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, ["ack"]);
+        assert_eq!(names(&seen), ["ack"]);
         assert_eq!(syncs(&syncer), 1);
     }
 
@@ -425,9 +436,8 @@ mod tests {
         syncer.wait_for_jobs();
         wait_until_idle(&syncer);
         syncer.run_here(Durable::Logged(0), note(&seen, "here"));
+        assert_eq!(names(&seen), ["sent", "here"]);
         let seen = seen.lock().unwrap();
-        let names: Vec<_> = seen.iter().map(|(name, _)| *name).collect();
-        assert_eq!(names, ["sent", "here"]);
         assert_ne!(seen[0].1, std::thread::current().id());
         assert_eq!(seen[1].1, std::thread::current().id());
     }
@@ -451,9 +461,8 @@ mod tests {
         assert!(seen.lock().unwrap().is_empty(), "the second job ran first");
         release.send(()).unwrap();
         syncer.wait_for_jobs();
+        assert_eq!(names(&seen), ["first", "second"]);
         let seen = seen.lock().unwrap();
-        let names: Vec<_> = seen.iter().map(|(name, _)| *name).collect();
-        assert_eq!(names, ["first", "second"]);
         // Both on the syncer's thread: the second was sent there.
         assert_eq!(seen[0].1, seen[1].1);
         assert_ne!(seen[1].1, std::thread::current().id());

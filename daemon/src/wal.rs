@@ -516,15 +516,14 @@ impl Wal {
                 Record::Valid { number, .. } if last.is_some_and(|l| number != l + 1) => break,
                 Record::Valid { number, end } => (number, end),
                 Record::Damaged { number, end } => {
-                    let expected = last.map_or(applied + 1, |l| l + 1);
-                    if number == expected {
-                        if let Record::Valid { number: next, .. } =
-                            self.read_record(end, &mut body)?
-                        {
-                            if next == number + 1 {
-                                stopped_before = Some((number, pos));
-                            }
-                        }
+                    // Reported only when it was the record due and the
+                    // next one follows it: otherwise it is the log's end.
+                    let due = number == last.map_or(applied + 1, |l| l + 1);
+                    if due
+                        && matches!(self.read_record(end, &mut body)?,
+                            Record::Valid { number: next, .. } if next == number + 1)
+                    {
+                        stopped_before = Some((number, pos));
                     }
                     break;
                 }
