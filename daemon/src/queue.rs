@@ -765,6 +765,28 @@ enum Handing {
     Queued,
 }
 
+/// Forgets where producers must resume (`Writer::failed_from`) once they
+/// have: their append of that seq was stored, or was a duplicate of one
+/// already stored. A failed commit whose log record was appended is
+/// replayed when the store is reopened, so the resend of its first seq
+/// can find it stored; the producer has resumed all the same.
+fn forget_resumed(
+    failed_from: &mut HashMap<String, HashMap<String, u64>>,
+    outcomes: &[AppendOutcome],
+) {
+    for o in outcomes {
+        let Some(failed) = failed_from.get_mut(&*o.stream) else {
+            continue;
+        };
+        if failed.get(&*o.producer) == Some(&o.producer_seq) {
+            failed.remove(&*o.producer);
+        }
+        if failed.is_empty() {
+            failed_from.remove(&*o.stream);
+        }
+    }
+}
+
 /// A copy of a commit failure for each command of the failed batch.
 fn copy_error(e: &Error) -> Error {
     match e {
@@ -1397,7 +1419,7 @@ impl Writer {
             self.apply_run(txn, run, ts, staged, &mut outcomes)?;
         }
         if !self.failed_from.is_empty() {
-            self.forget_resumed(&outcomes);
+            forget_resumed(&mut self.failed_from, &outcomes);
         }
         Ok(Ok(Outcome::Appended(outcomes)))
     }
@@ -1497,21 +1519,6 @@ impl Writer {
             }
         }
         Ok(())
-    }
-
-    /// Forgets where producers must resume once they have.
-    fn forget_resumed(&mut self, outcomes: &[AppendOutcome]) {
-        for o in outcomes.iter().filter(|o| !o.duplicate) {
-            let Some(failed) = self.failed_from.get_mut(&*o.stream) else {
-                continue;
-            };
-            if failed.get(&*o.producer) == Some(&o.producer_seq) {
-                failed.remove(&*o.producer);
-            }
-            if failed.is_empty() {
-                self.failed_from.remove(&*o.stream);
-            }
-        }
     }
 
     /// Stores a manifest and appends its lifecycle events (and, for a new
@@ -1993,4 +2000,55 @@ struct CompactPlan {
     through_seq: u64,
     free_bytes: u64,
     cutoff: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn outcome(producer: &str, producer_seq: u64, duplicate: bool) -> AppendOutcome {
+        AppendOutcome {
+            stream: "s".into(),
+            producer: producer.into(),
+            producer_seq,
+            seq: producer_seq,
+            duplicate,
+        }
+    }
+
+    fn failed_from(points: &[(&str, u64)]) -> HashMap<String, HashMap<String, u64>> {
+        let producers = points
+            .iter()
+            .map(|(producer, seq)| (producer.to_string(), *seq))
+            .collect();
+        HashMap::from([("s".to_string(), producers)])
+    }
+
+    #[test]
+    fn a_producer_has_resumed_once_its_first_unstored_seq_is_answered() {
+        let mut failed = failed_from(&[("p", 5), ("q", 9)]);
+        forget_resumed(
+            &mut failed,
+            &[outcome("p", 4, true), outcome("q", 8, false)],
+        );
+        assert_eq!(failed, failed_from(&[("p", 5), ("q", 9)]));
+        forget_resumed(
+            &mut failed,
+            &[outcome("p", 5, false), outcome("p", 6, false)],
+        );
+        assert_eq!(failed, failed_from(&[("q", 9)]));
+        forget_resumed(&mut failed, &[outcome("q", 9, false)]);
+        assert!(failed.is_empty());
+    }
+
+    #[test]
+    fn a_resend_found_stored_by_the_logs_replay_counts_as_resumed() {
+        // The failed commit's record was replayed when the store was
+        // reopened: the resend of its first seq is a duplicate.
+        let mut failed = failed_from(&[("p", 5)]);
+        forget_resumed(&mut failed, &[outcome("p", 5, true), outcome("p", 6, true)]);
+        assert!(failed.is_empty());
+    }
 }
