@@ -4,11 +4,19 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use std::ops::RangeInclusive;
+
+use bytes::{Buf, BytesMut};
 use futures_util::SinkExt;
-use tether_protocol::{
-    Append, Capabilities, DurableAck, FrameKind, Request, Response, StartAt, Subscribe,
+use tether_protocol::codec::{
+    decode_durable_view, decode_wire_message, encode_append, encode_into, poll_frame, PREFIX_LEN,
 };
+use tether_protocol::{
+    AppendView, Capabilities, DurableAck, FrameKind, Request, Response, StartAt, Subscribe,
+    DEFAULT_MAX_FRAME_LEN,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::codec::FramedParts;
 
 use tether_bench::{connect, next, BoxError, Conn};
 
@@ -26,15 +34,7 @@ pub async fn open(socket: &Path) -> Result<Conn, BoxError> {
     .await
 }
 
-/// A payload of `size` bytes starting with the time since `clock` in ns.
-pub fn payload(size: usize, clock: &Instant) -> Bytes {
-    let mut b = BytesMut::with_capacity(size);
-    b.put_u64_le(clock.elapsed().as_nanos() as u64);
-    b.resize(size, b'x');
-    b.freeze()
-}
-
-/// The send time a [`payload`] carries; 0 for a payload too short.
+/// The send time a payload carries; 0 for a payload too short.
 pub fn sent_at(payload: &[u8]) -> u64 {
     payload
         .get(..8)
@@ -42,15 +42,65 @@ pub fn sent_at(payload: &[u8]) -> u64 {
         .map_or(0, u64::from_le_bytes)
 }
 
-/// A data append by producer `bench` on `stream`.
-pub fn append_request(stream: &str, producer_seq: u64, payload: Bytes) -> Request {
-    Request::Append(Append {
-        stream: stream.into(),
-        producer: "bench".into(),
-        producer_seq,
-        kind: FrameKind::Data,
-        payload,
-    })
+/// Appends of producer `bench` on one stream, written into a connection's
+/// buffer from borrowed parts: a batch costs the load generator no
+/// allocation per frame, so that its CPU goes to the daemon's side of
+/// the machine instead.
+pub struct Appends {
+    stream: String,
+    /// The payload every append carries, its first 8 bytes the send time
+    /// in ns since the workload's clock.
+    payload: Vec<u8>,
+}
+
+impl Appends {
+    /// Appends of `size`-byte payloads on `stream`.
+    pub fn new(stream: &str, size: usize) -> Appends {
+        Appends {
+            stream: stream.to_owned(),
+            payload: vec![b'x'; size],
+        }
+    }
+
+    /// Writes the appends with producer seqs `seqs` into `conn`'s buffer
+    /// (for its next flush). They carry one send time, taken before the
+    /// first is written: a later one's latency counts from before it was
+    /// sent, never from after.
+    pub fn feed(
+        &mut self,
+        conn: &mut Conn,
+        seqs: RangeInclusive<u64>,
+        clock: &Instant,
+    ) -> Result<(), BoxError> {
+        let now = clock.elapsed().as_nanos() as u64;
+        let stamp = self.payload.len().min(8);
+        self.payload[..stamp].copy_from_slice(&now.to_le_bytes()[..stamp]);
+        let dst = conn.write_buffer_mut();
+        for producer_seq in seqs {
+            let append = AppendView {
+                stream: &self.stream,
+                producer: "bench",
+                producer_seq,
+                kind: FrameKind::Data,
+                payload: &self.payload,
+            };
+            encode_append(append, dst, DEFAULT_MAX_FRAME_LEN)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the append with producer seq `producer_seq` and returns the
+    /// next response.
+    pub async fn call(
+        &mut self,
+        conn: &mut Conn,
+        producer_seq: u64,
+        clock: &Instant,
+    ) -> Result<Response, BoxError> {
+        self.feed(conn, producer_seq..=producer_seq, clock)?;
+        conn.flush().await?;
+        next(conn).await
+    }
 }
 
 /// Appends one frame and waits for its ack: this creates the stream, so
@@ -61,9 +111,7 @@ pub async fn create_stream(
     size: usize,
     clock: &Instant,
 ) -> Result<(), BoxError> {
-    let response =
-        tether_bench::call(conn, append_request(stream, 0, payload(size, clock))).await?;
-    match response {
+    match Appends::new(stream, size).call(conn, 0, clock).await? {
         Response::Appended(_) => Ok(()),
         other => Err(format!("expected Appended, got {other:?}").into()),
     }
@@ -93,32 +141,65 @@ pub async fn subscribe(
 /// Receives `frames` live frames in seq order; returns each one's latency
 /// from its send time (on `clock`) in ns. With `ack_every`, acks the frames
 /// received every that many (a durable consumer).
+///
+/// Frames are read in place from the connection's buffer, and a frame's
+/// arrival is the moment the read that completed it returned (one clock
+/// reading per read, not per frame, so that frames later in a read do not
+/// count the time spent looking at those before them).
 pub async fn receive(
-    conn: &mut Conn,
+    conn: Conn,
     frames: u64,
     clock: Instant,
     ack_every: Option<u64>,
 ) -> Result<Vec<u64>, BoxError> {
+    let FramedParts {
+        mut io,
+        read_buf: mut buf,
+        ..
+    } = conn.into_parts();
     let mut latencies = Vec::with_capacity(frames as usize);
     let mut last_seq = 0u64;
+    let mut acks = BytesMut::new();
     while (latencies.len() as u64) < frames {
-        match next(conn).await? {
-            Response::Durable(d) => {
-                let now = clock.elapsed().as_nanos() as u64;
-                latencies.push(now.saturating_sub(sent_at(&d.frame.payload)));
-                check_order(last_seq, d.seq)?;
-                last_seq = d.seq;
-                if ack_every.is_some_and(|every| (latencies.len() as u64).is_multiple_of(every)) {
-                    conn.send(Request::DurableAck(DurableAck { through_seq: d.seq }))
-                        .await?;
+        buf.reserve(READ_BYTES);
+        if io.read_buf(&mut buf).await? == 0 {
+            return Err("daemon closed the connection".into());
+        }
+        let arrived = clock.elapsed().as_nanos() as u64;
+        while let Some(len) = poll_frame(&mut buf, DEFAULT_MAX_FRAME_LEN)? {
+            let body = &buf[PREFIX_LEN..len];
+            match decode_durable_view(body)? {
+                Some((seq, frame)) => {
+                    latencies.push(arrived.saturating_sub(sent_at(frame.payload)));
+                    check_order(last_seq, seq)?;
+                    last_seq = seq;
+                    let every = ack_every.unwrap_or(0);
+                    if every > 0 && (latencies.len() as u64).is_multiple_of(every) {
+                        let ack = Request::DurableAck(DurableAck { through_seq: seq });
+                        encode_into(&ack, &mut acks, DEFAULT_MAX_FRAME_LEN)?;
+                    }
                 }
+                None => match decode_wire_message::<Response>(body)? {
+                    Response::Acked(_) if ack_every.is_some() => {}
+                    Response::Error(e) => {
+                        return Err(format!("daemon error {}: {}", e.code, e.message).into())
+                    }
+                    other => return Err(format!("follower got {other:?}").into()),
+                },
             }
-            Response::Acked(_) if ack_every.is_some() => {}
-            other => return Err(format!("follower got {other:?}").into()),
+            buf.advance(len);
+        }
+        if !acks.is_empty() {
+            io.write_all(&acks).await?;
+            acks.clear();
         }
     }
     Ok(latencies)
 }
+
+/// How much a follower reads at most at once: replays and deep windows
+/// arrive in bulk.
+const READ_BYTES: usize = 64 * 1024;
 
 /// Fails when `seq` does not follow `last_seq` (0: nothing seen yet).
 pub fn check_order(last_seq: u64, seq: u64) -> Result<(), BoxError> {

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use tether_protocol::{Response, StartAt};
 
-use tether_bench::{call, BoxError, Daemon};
+use tether_bench::{BoxError, Daemon};
 
-use crate::common::{append_request, create_stream, open, payload, peak_rss_mib, CpuMeter};
+use crate::common::{create_stream, open, peak_rss_mib, Appends, CpuMeter};
 use crate::common::{receive, subscribe};
 use crate::progress::Progress;
 use crate::report::{percentiles_ms, Row};
@@ -30,17 +30,16 @@ pub async fn run(
     create_stream(&mut producer, STREAM, args.size, &clock).await?;
     let mut follower = open(&socket).await?;
     subscribe(&mut follower, STREAM, StartAt::Now, true, None).await?;
-    let follower_task =
-        tokio::spawn(async move { receive(&mut follower, frames, clock, None).await });
+    let follower_task = tokio::spawn(async move { receive(follower, frames, clock, None).await });
 
     let progress = Progress::start(label, frames);
     let mut acks = Vec::with_capacity(frames as usize);
     let cpu = CpuMeter::start(daemon.pid());
     let start = Instant::now();
+    let mut appends = Appends::new(STREAM, args.size);
     for producer_seq in 1..=frames {
         let sent = Instant::now();
-        let request = append_request(STREAM, producer_seq, payload(args.size, &clock));
-        match call(&mut producer, request).await? {
+        match appends.call(&mut producer, producer_seq, &clock).await? {
             Response::Appended(a) if a.producer_seq == producer_seq => {}
             other => return Err(format!("producer got {other:?}").into()),
         }

@@ -9,7 +9,7 @@ use tether_protocol::{DurableResume, Request, Response, StartAt};
 
 use tether_bench::{next, BoxError, Daemon};
 
-use crate::common::{append_request, create_stream, open, payload, peak_rss_mib, CpuMeter};
+use crate::common::{create_stream, open, peak_rss_mib, Appends, CpuMeter};
 use crate::common::{receive, subscribe};
 use crate::progress::Progress;
 use crate::report::{percentiles_ms, Row};
@@ -45,19 +45,19 @@ pub async fn run(
     subscribe(&mut follower, STREAM, StartAt::Now, true, Some("follower")).await?;
     let ack_every = args.ack_every.max(1);
     let follower_task =
-        tokio::spawn(async move { receive(&mut follower, frames, clock, Some(ack_every)).await });
+        tokio::spawn(async move { receive(follower, frames, clock, Some(ack_every)).await });
 
     let progress = Progress::start(label, frames);
     let cpu = CpuMeter::start(daemon.pid());
     let start = Instant::now();
+    let mut appends = Appends::new(STREAM, args.size);
     let mut sent = 0u64;
     let mut acked = 0u64;
     while acked < frames {
-        while sent < frames && sent - acked < args.window {
-            sent += 1;
-            producer
-                .feed(append_request(STREAM, sent, payload(args.size, &clock)))
-                .await?;
+        let upto = frames.min(acked + args.window);
+        if upto > sent {
+            appends.feed(&mut producer, sent + 1..=upto, &clock)?;
+            sent = upto;
         }
         producer.flush().await?;
         match next(&mut producer).await? {

@@ -12,7 +12,7 @@ use tether_protocol::{Response, StartAt};
 
 use tether_bench::{next, BoxError, Conn, Daemon};
 
-use crate::common::{append_request, create_stream, open, payload, peak_rss_mib, CpuMeter};
+use crate::common::{create_stream, open, peak_rss_mib, Appends, CpuMeter};
 use crate::common::{receive, subscribe};
 use crate::progress::Progress;
 use crate::report::{percentiles_ms, Row};
@@ -48,7 +48,7 @@ pub async fn run(
     let start = Instant::now();
     let follower_tasks: Vec<_> = followers
         .into_iter()
-        .map(|mut f| tokio::spawn(async move { receive(&mut f, frames, clock, None).await }))
+        .map(|f| tokio::spawn(async move { receive(f, frames, clock, None).await }))
         .collect();
     let producer_tasks: Vec<_> = producers
         .into_iter()
@@ -112,13 +112,14 @@ impl Produce {
     /// Publishes every frame with up to `window` in flight; returns when
     /// the last was acknowledged, since `start`.
     async fn run(self, conn: &mut Conn) -> Result<Duration, BoxError> {
+        let mut appends = Appends::new(&self.stream, self.size);
         let mut sent = 0u64;
         let mut acked = 0u64;
         while acked < self.frames {
-            while sent < self.frames && sent - acked < self.window {
-                sent += 1;
-                let request = append_request(&self.stream, sent, payload(self.size, &self.clock));
-                conn.feed(request).await?;
+            let upto = self.frames.min(acked + self.window);
+            if upto > sent {
+                appends.feed(conn, sent + 1..=upto, &self.clock)?;
+                sent = upto;
             }
             conn.flush().await?;
             match next(conn).await? {

@@ -181,6 +181,19 @@ pub fn decode_append_view(body: &[u8]) -> Result<Option<AppendView<'_>>, Error> 
     }
 }
 
+/// Reads a [`Response`] body in place when it is a `Durable`: its seq and
+/// its frame, the payload borrowed from `body`. `Ok(None)` when it is any
+/// other response, which [`decode_wire_message`] then decodes. For a reader
+/// that looks at each frame once and keeps none of them.
+pub fn decode_durable_view(body: &[u8]) -> Result<Option<(u64, FrameView<'_>)>, Error> {
+    match postcard::take_from_bytes::<u32>(body) {
+        Ok((Response::DURABLE_KIND, rest)) => {
+            take_whole(rest, short_type_name::<Response>).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
 /// [`Error::UnknownMessage`] when the body starts with a variant index
 /// this build does not know.
 fn unknown_kind<T: Message>(body: &[u8]) -> Option<Error> {
@@ -249,6 +262,12 @@ pub fn encode_durable(seq: u64, frame: FrameView<'_>, dst: &mut BytesMut) -> Res
         dst,
         u32::MAX as usize,
     )
+}
+
+/// Appends `Request::Append` as one frame, its names and payload borrowed:
+/// the same bytes as [`encode_into`] gives for the owned request.
+pub fn encode_append(append: AppendView<'_>, dst: &mut BytesMut, max: usize) -> Result<(), Error> {
+    encode_into(&(Request::APPEND_KIND, append), dst, max)
 }
 
 /// Appends `Response::Live(frame)` as one frame, like [`encode_durable`].

@@ -224,19 +224,23 @@ pub struct Append {
 /// and the payload borrowed from the frame they were read from. The daemon
 /// reads appends this way so that it can copy a batch's payloads into one
 /// buffer instead of allocating three times per frame.
-#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AppendView<'a> {
     pub stream: &'a str,
     pub producer: &'a str,
     pub producer_seq: u64,
     pub kind: FrameKind,
+    #[serde(serialize_with = "byte_string")]
     pub payload: &'a [u8],
 }
 
 /// A [`Frame`] borrowing its payload: the same bytes on the wire. The
 /// daemon writes stored frames this way straight from the store's pages,
-/// without building a `Frame` around each payload first.
-#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+/// without building a `Frame` around each payload first; a reader can take
+/// one in place from the bytes it read ([`decode_durable_view`]).
+///
+/// [`decode_durable_view`]: crate::codec::decode_durable_view
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameView<'a> {
     pub ts_micros: u64,
     pub kind: FrameKind,

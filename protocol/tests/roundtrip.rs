@@ -6,11 +6,13 @@
 use bytes::{Bytes, BytesMut};
 use proptest::collection::vec;
 use proptest::prelude::*;
-use tether_protocol::codec::{decode_message, encode_durable, encode_frame, encode_live};
+use tether_protocol::codec::{
+    decode_durable_view, decode_message, encode_append, encode_durable, encode_frame, encode_live,
+};
 use tether_protocol::{
-    Append, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck, DurableResume,
-    ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Request, Response, ServerCodec,
-    StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed,
+    Append, AppendView, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck,
+    DurableResume, ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Request, Response,
+    ServerCodec, StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed,
 };
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -388,6 +390,39 @@ proptest! {
 
         let mut live = BytesMut::new();
         encode_live(frame.view(), &mut live).unwrap();
-        prop_assert_eq!(&live[..], &encode_frame(&Response::Live(frame)).unwrap()[..]);
+        prop_assert_eq!(&live[..], &encode_frame(&Response::Live(frame.clone())).unwrap()[..]);
+
+        // And a reader takes it back in place.
+        let read = decode_durable_view(&buf[prefix.len() + 4..]).unwrap();
+        prop_assert_eq!(read, Some((seq, frame.view())));
+        prop_assert_eq!(decode_durable_view(&live[4..]).unwrap(), None);
+    }
+
+    /// An append written from borrowed parts is byte for byte what serde
+    /// writes for the owned request.
+    #[test]
+    fn appends_written_from_parts_match_serde(
+        stream in "\\PC{1,20}",
+        producer in "\\PC{1,20}",
+        producer_seq in any::<u64>(),
+        frame in frame(),
+    ) {
+        let view = AppendView {
+            stream: &stream,
+            producer: &producer,
+            producer_seq,
+            kind: frame.kind,
+            payload: &frame.payload,
+        };
+        let mut buf = BytesMut::new();
+        encode_append(view, &mut buf, usize::MAX).unwrap();
+        let request = Request::Append(Append {
+            stream: stream.clone(),
+            producer: producer.clone(),
+            producer_seq,
+            kind: frame.kind,
+            payload: frame.payload.clone(),
+        });
+        prop_assert_eq!(&buf[..], &encode_frame(&request).unwrap()[..]);
     }
 }
