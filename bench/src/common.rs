@@ -1,10 +1,9 @@
 //! Pieces every workload uses: payloads that carry their send time,
 //! appends, subscribing, and the daemon's peak memory and CPU time.
 
+use std::ops::RangeInclusive;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-use std::ops::RangeInclusive;
 
 use bytes::{Buf, BytesMut};
 use futures_util::SinkExt;
