@@ -17,7 +17,7 @@ use tether_protocol::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::codec::FramedParts;
 
-use tether_bench::{connect, next, BoxError, Conn};
+use tether_bench::{connect, daemon_error, next, BoxError, Conn, READ_BYTES};
 
 /// How long a workload waits for the daemon it started to accept.
 pub const STARTUP_PATIENCE: Duration = Duration::from_secs(10);
@@ -180,9 +180,7 @@ pub async fn receive(
                 }
                 None => match decode_wire_message::<Response>(body)? {
                     Response::Acked(_) if ack_every.is_some() => {}
-                    Response::Error(e) => {
-                        return Err(format!("daemon error {}: {}", e.code, e.message).into())
-                    }
+                    Response::Error(e) => return Err(daemon_error(&e)),
                     other => return Err(format!("follower got {other:?}").into()),
                 },
             }
@@ -195,10 +193,6 @@ pub async fn receive(
     }
     Ok(latencies)
 }
-
-/// How much a follower reads at most at once: replays and deep windows
-/// arrive in bulk.
-const READ_BYTES: usize = 64 * 1024;
 
 /// Fails when `seq` does not follow `last_seq` (0: nothing seen yet).
 pub fn check_order(last_seq: u64, seq: u64) -> Result<(), BoxError> {

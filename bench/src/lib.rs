@@ -7,7 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use tether_protocol::{Capabilities, ClientCodec, Hello, Request, Response, PROTOCOL_VERSION};
+use tether_protocol::{
+    Capabilities, ClientCodec, ErrorFrame, Hello, Request, Response, PROTOCOL_VERSION,
+};
 use tokio::net::UnixStream;
 use tokio_util::codec::Framed;
 
@@ -66,12 +68,19 @@ pub fn tetherd_path(flag: Option<&Path>) -> Result<PathBuf, BoxError> {
     }
 }
 
+/// How much a connection reads at most at once: replays and deep windows
+/// arrive in bulk.
+pub const READ_BYTES: usize = 64 * 1024;
+
+/// A daemon's error frame, as the error a workload fails with.
+pub fn daemon_error(e: &ErrorFrame) -> BoxError {
+    format!("daemon error {}: {}", e.code, e.message).into()
+}
+
 /// The next response; a daemon error or a closed connection is an error.
 pub async fn next(conn: &mut Conn) -> Result<Response, BoxError> {
     match conn.next().await {
-        Some(Ok(Response::Error(e))) => {
-            Err(format!("daemon error {}: {}", e.code, e.message).into())
-        }
+        Some(Ok(Response::Error(e))) => Err(daemon_error(&e)),
         Some(Ok(r)) => Ok(r),
         Some(Err(e)) => Err(e.into()),
         None => Err("daemon closed the connection".into()),
@@ -102,8 +111,7 @@ pub async fn connect(
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     };
-    // Reads of up to 64 KiB: replays arrive in bulk.
-    let mut conn = Framed::with_capacity(stream, ClientCodec::new(), 64 * 1024);
+    let mut conn = Framed::with_capacity(stream, ClientCodec::new(), READ_BYTES);
     let hello = Request::Hello(Hello {
         version: PROTOCOL_VERSION,
         capabilities,
