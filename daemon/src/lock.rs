@@ -1,12 +1,21 @@
 //! One daemon per state directory.
 //!
-//! The lock is an advisory `flock` on `tetherd.lock` inside the state dir,
-//! holding the owner's pid as text. The kernel drops the lock when the
-//! process dies, however it dies, so a `kill -9` never leaves a stale lock
-//! behind; the pid is only there to name the holder in the refusal.
+//! The lock is an advisory POSIX record lock (`fcntl(F_SETLK)`) on
+//! `tetherd.lock` inside the state dir, holding the owner's pid as text.
+//! The kernel drops the lock when the process dies, however it dies, so a
+//! `kill -9` never leaves a stale lock behind; the pid is only there to
+//! name the holder in the refusal.
+//!
+//! Not `flock`: that lock belongs to the open file, which a child shares
+//! from `fork` until its `exec` closes the descriptor. A daemon killed
+//! while starting a shim left the lock with the half-started child for a
+//! moment, and a restart just then was refused. A record lock belongs to
+//! the process alone and is never inherited. (It is also dropped when the
+//! process closes any descriptor of the file: only this one is opened.)
 
-use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
@@ -29,9 +38,9 @@ impl StateLock {
             .truncate(false)
             .open(&path)
             .map_err(|e| Error::io(format!("cannot open lock file {}", path.display()), e))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
+        match try_lock(&file) {
+            Ok(true) => {}
+            Ok(false) => {
                 let mut holder = String::new();
                 // Best effort: the holder may be mid-write of its pid.
                 let _ = file.read_to_string(&mut holder);
@@ -44,7 +53,7 @@ impl StateLock {
                     holder,
                 });
             }
-            Err(TryLockError::Error(e)) => {
+            Err(e) => {
                 return Err(Error::io(format!("cannot lock {}", path.display()), e));
             }
         }
@@ -62,5 +71,94 @@ impl StateLock {
     /// The lock file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// Takes a write lock on the whole of `file` for this process; `false`
+/// when another process holds one.
+fn try_lock(file: &File) -> io::Result<bool> {
+    let whole_file = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    // SAFETY: `fcntl(F_SETLK)` reads the `flock` we pass for the duration
+    // of the call, on a descriptor `file` keeps open.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &whole_file) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EACCES | libc::EAGAIN) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Exit code of the probe when the lock was refused to it.
+    const REFUSED: i32 = 3;
+
+    #[test]
+    fn a_child_forked_but_not_yet_started_does_not_hold_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = StateLock::acquire(dir.path()).unwrap();
+        // A child with every descriptor of this process, the lock file's
+        // included, as a shim has between its fork and its exec.
+        let starting = fork(|| {
+            std::thread::sleep(Duration::from_secs(2));
+            0
+        });
+        drop(lock);
+        // Another process asks for the lock while that child still has
+        // the descriptor: the lock went with its owner's hold on it.
+        let probe = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.path().join("tetherd.lock"))
+            .unwrap();
+        let probing = fork(move || match try_lock(&probe) {
+            Ok(true) => 0,
+            _ => REFUSED,
+        });
+        assert_eq!(exit_code(probing), 0, "the lock was held by the child");
+        assert_eq!(exit_code(starting), 0);
+        // And this process can take it again.
+        StateLock::acquire(dir.path()).unwrap();
+    }
+
+    /// Forks a child that runs `child` and exits with what it returns.
+    fn fork(child: impl FnOnce() -> i32) -> libc::pid_t {
+        // SAFETY: the child only sleeps, takes a record lock and exits,
+        // none of which needs a lock another thread may have held.
+        #[allow(unsafe_code)]
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                libc::_exit(child());
+            }
+            pid
+        }
+    }
+
+    fn exit_code(pid: libc::pid_t) -> i32 {
+        let mut status = 0;
+        // SAFETY: waits for our own child, writing its status to `status`.
+        #[allow(unsafe_code)]
+        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(waited, pid);
+        assert!(libc::WIFEXITED(status), "the child did not exit: {status}");
+        libc::WEXITSTATUS(status)
     }
 }
