@@ -304,6 +304,10 @@ impl Store {
             let guard = store.handle()?;
             replay(guard_db(&guard)?, &mut store.wal())?;
         }
+        if let Err(e) = store.wal().prepare() {
+            // Only a head start: zeros are written ahead of the records.
+            tracing::warn!("{e}");
+        }
         Ok(store)
     }
 
@@ -1816,6 +1820,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use std::io::Read;
 
     fn frame(payload: &'static [u8]) -> Frame {
         Frame {
@@ -2117,7 +2122,13 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
 
         let store = Store::open(&path).unwrap();
-        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        // Emptied, then prepared: zeros where the old records were.
+        let mut start = vec![1u8; 4096];
+        std::fs::File::open(&log)
+            .unwrap()
+            .read_exact(&mut start)
+            .unwrap();
+        assert!(start.iter().all(|&b| b == 0), "old records in the log");
         log_ack(&store, 9);
         // Had the old records stayed, the removed store's second and third
         // (numbered 2 and 3, the same size) would follow the new first.
