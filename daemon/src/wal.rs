@@ -52,7 +52,7 @@ use crate::{Error, Result};
 /// record would go past it. A persist stalls the writer for a few ms (W1's
 /// p99 was 2.2–2.8 ms with 64 MiB, four persists per million 256-byte
 /// frames, and 1.6–2.0 ms with 256 MiB, one); a replay after a crash
-/// reads at most this much, well under a second's work.
+/// reads at most this much (800k frames replayed and served in 0.5 s).
 pub const DEFAULT_CAPACITY: u64 = 256 * 1024 * 1024;
 
 /// Bytes before a record's body: length, checksum, number.
