@@ -1819,8 +1819,9 @@ fn decode_meta(stream: &str, bytes: &[u8]) -> Result<StreamMeta> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use super::*;
     use std::io::Read;
+
+    use super::*;
 
     fn frame(payload: &'static [u8]) -> Frame {
         Frame {
