@@ -1,6 +1,6 @@
-//! The syncer thread: makes logged transactions durable, then runs what
-//! waits on them (publishing their frames, answering their commands), in
-//! the order they were committed.
+//! The syncer: makes logged transactions durable, then runs what waits on
+//! them (publishing their frames, answering their commands), in the order
+//! they were committed.
 //!
 //! The writer hands it one job per commit: either a ticket in the
 //! write-ahead log (the commit is durable once the log is synced that far)
@@ -9,16 +9,24 @@
 //! commits are synced many at a time, while the writer is already applying
 //! the next batch.
 //!
+//! Two threads share the work: one only syncs the log, whenever more of it
+//! is wanted on disk; the other runs the jobs, each once the log is synced
+//! through its ticket. So the next sync starts the moment the last one
+//! ends, while the jobs it covered are answered: with one thread, the
+//! answers (and the store's writeback nudge) sat between every two syncs,
+//! and under load a commit waited for them as well as for the disk.
+//!
 //! After a failed sync nothing appended before it can be trusted to be on
 //! disk (a later sync succeeding says nothing about the pages that failed),
 //! so from then on every logged job fails, until a job that redb made
 //! durable itself comes through: the writer, seeing [`Syncer::failed`],
-//! persists the store, which makes everything before durable again.
+//! persists the store, which makes everything before durable again. Syncs
+//! never overlap, so a failure is always seen by the sync that meets it
+//! and marks the log broken before the next one starts.
 //!
 //! When the writer has nothing else to do and no job is waiting here, it
 //! may run a job itself ([`Syncer::run_here`]): a lone producer waiting on
-//! its ack then waits for one `fdatasync`, not also for this thread to
-//! wake.
+//! its ack then waits for one `fdatasync`, not also for a thread to wake.
 //!
 //! A job nobody waits on closely (a consumer's ack) may share the next
 //! job's sync instead of having one of its own ([`Syncer::after_sharing`]):
@@ -27,7 +35,7 @@
 //! it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -63,25 +71,35 @@ struct Job {
 /// commits of a busy producer, short beside anyone waiting on an ack.
 const SHARE_WAIT: Duration = Duration::from_millis(2);
 
-/// A handle to the syncer thread; dropping it finishes the jobs sent and
-/// waits for the thread.
+/// A handle to the syncer's threads; dropping it finishes the jobs sent
+/// and waits for them.
 #[derive(Debug)]
 pub struct Syncer {
     tx: Option<mpsc::Sender<Job>>,
-    handle: Option<JoinHandle<()>>,
+    /// The thread running the jobs.
+    jobs: Option<JoinHandle<()>>,
+    /// The thread syncing the log.
+    syncs: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
 }
 
-/// What the thread and a job run in place share.
+/// What the threads and a job run in place share.
 #[derive(Debug)]
 struct Shared {
     log: SyncHandle,
+    /// Held across every sync of the log, so that syncs never overlap: a
+    /// failed writeback is reported to one sync only, and a sync that
+    /// started after it must see `broken` set rather than succeed.
+    syncing: Mutex<()>,
     state: Mutex<SyncState>,
+    /// Signalled when more of the log is wanted synced.
+    wanted: Condvar,
+    /// Signalled after every sync, done or failed.
+    synced: Condvar,
     /// Jobs sent and not yet run to the end.
     pending: AtomicUsize,
     /// Whether a sync failed since the last durable job: `state.broken`,
-    /// readable by the writer on every commit without waiting for the
-    /// lock, which the thread holds across a sync.
+    /// readable by the writer on every commit without the lock.
     failed: AtomicBool,
 }
 
@@ -89,10 +107,14 @@ struct Shared {
 struct SyncState {
     /// The log's bytes known to be on disk.
     synced: u64,
+    /// The log's bytes someone waits to have on disk.
+    wanted: u64,
     /// Where the store's writeback was last started.
     nudged: u64,
     /// Why logged jobs fail, after a failed sync.
     broken: Option<String>,
+    /// Set when the sync thread should end.
+    closing: bool,
     /// Syncs run, for tests to count.
     #[cfg(test)]
     syncs: u64,
@@ -103,25 +125,37 @@ impl Syncer {
         Syncer::start_sharing_for(log, SHARE_WAIT)
     }
 
-    /// Starts the thread with sharing jobs waiting up to `share_wait`.
+    /// Starts the threads with sharing jobs waiting up to `share_wait`.
     fn start_sharing_for(log: SyncHandle, share_wait: Duration) -> Result<Syncer> {
         let (tx, rx) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
             log,
+            syncing: Mutex::new(()),
             state: Mutex::new(SyncState::default()),
+            wanted: Condvar::new(),
+            synced: Condvar::new(),
             pending: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
         });
-        let thread_shared = shared.clone();
-        let handle = std::thread::Builder::new()
+        let sync_shared = shared.clone();
+        let syncs = std::thread::Builder::new()
             .name("tetherd-syncer".into())
-            .spawn(move || thread_shared.serve(&rx, share_wait))
+            .spawn(move || sync_shared.sync_when_wanted())
             .map_err(|e| Error::io("cannot start the syncer thread", e))?;
-        Ok(Syncer {
-            tx: Some(tx),
-            handle: Some(handle),
-            shared,
-        })
+        let mut syncer = Syncer {
+            tx: None,
+            jobs: None,
+            syncs: Some(syncs),
+            shared: shared.clone(),
+        };
+        // Started second: if it cannot start, dropping `syncer` ends the first.
+        let jobs = std::thread::Builder::new()
+            .name("tetherd-answers".into())
+            .spawn(move || shared.serve(&rx, share_wait))
+            .map_err(|e| Error::io("cannot start the syncer's job thread", e))?;
+        syncer.tx = Some(tx);
+        syncer.jobs = Some(jobs);
+        Ok(syncer)
     }
 
     /// Runs `then` once `durable` holds, after every job sent before.
@@ -134,7 +168,7 @@ impl Syncer {
     }
 
     /// Like [`Syncer::after`], for a job whose `then` nobody waits on
-    /// closely: rather than sync the log for it alone, the thread waits up
+    /// closely: rather than sync the log for it alone, the job thread waits up
     /// to [`SHARE_WAIT`] for the next job, whose sync then covers both.
     pub fn after_sharing(&self, durable: Durable, then: Then) {
         self.send(Job {
@@ -161,35 +195,26 @@ impl Syncer {
 
     /// Runs the job on the calling thread: syncs the log if `durable` asks
     /// for it, then runs `then`. Only when [`Syncer::idle`], or the job
-    /// would overtake those before it; otherwise it is sent to the thread.
+    /// would overtake those before it; otherwise it is sent to the job thread.
     pub fn run_here(&self, durable: Durable, then: Then) {
         if self.idle() {
-            self.shared.run(Job {
-                durable,
-                then,
-                shares: false,
-            });
+            let result = self.shared.wait_durable(durable, true);
+            then(result);
+            self.shared.nudge_store_writeback();
         } else {
             self.after(durable, then);
         }
     }
 
     /// What the writer calls between appending a record and committing it
-    /// to redb, with the record's ticket: the syncer starts syncing the log
-    /// that far at once, ahead of the job that will wait for it, so that
-    /// the sync and redb's commit overlap.
+    /// to redb, with the record's ticket: the log is synced that far at
+    /// once, ahead of the job that will wait for it, so that the sync and
+    /// redb's commit overlap.
     pub fn sync_ahead(&self) -> impl FnOnce(u64) {
-        let tx = self.tx.clone();
         let shared = self.shared.clone();
         move |ticket| {
-            let job = Job {
-                durable: Durable::Logged(ticket),
-                then: Box::new(|_| {}),
-                shares: false,
-            };
-            // Only a head start: if the thread is gone, the job that waits
-            // for this ticket says so.
-            let _ = shared.send(tx.as_ref(), job);
+            let mut state = shared.lock_state();
+            shared.want(&mut state, ticket);
         }
     }
 
@@ -212,11 +237,19 @@ impl Syncer {
         self.shared.failed.load(Ordering::Acquire)
     }
 
-    /// Finishes the jobs sent and waits for the thread.
+    /// Finishes the jobs sent and waits for the threads.
     pub fn finish(&mut self) {
         drop(self.tx.take());
-        if let Some(handle) = self.handle.take() {
-            if handle.join().is_err() {
+        // The jobs first: they may still wait on syncs.
+        if let Some(jobs) = self.jobs.take() {
+            if jobs.join().is_err() {
+                tracing::error!("the syncer's job thread panicked");
+            }
+        }
+        self.shared.lock_state().closing = true;
+        self.shared.wanted.notify_all();
+        if let Some(syncs) = self.syncs.take() {
+            if syncs.join().is_err() {
                 tracing::error!("the syncer thread panicked");
             }
         }
@@ -237,8 +270,14 @@ impl Drop for Syncer {
 const WRITEBACK_EVERY: u64 = 256 * 1024;
 
 impl Shared {
-    /// Sends `job` to the thread, counting it pending until it has run;
-    /// gives it back when the thread is gone.
+    /// Never held across a sync. A panic while it was held cannot leave
+    /// the counters half-updated.
+    fn lock_state(&self) -> MutexGuard<'_, SyncState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends `job` to the job thread, counting it pending until it has run;
+    /// gives it back when that thread is gone.
     fn send(&self, tx: Option<&mpsc::Sender<Job>>, job: Job) -> std::result::Result<(), Job> {
         self.pending.fetch_add(1, Ordering::AcqRel);
         let sent = match tx {
@@ -251,7 +290,65 @@ impl Shared {
         sent
     }
 
-    /// The thread: runs the jobs in the order they come, a sharing one
+    /// Asks the sync thread to sync the log through `ticket`. Wakes it
+    /// whenever the ticket is not on disk yet, even if it was wanted
+    /// before: the sync thread may have stopped for a failed sync since.
+    fn want(&self, state: &mut SyncState, ticket: u64) {
+        state.wanted = state.wanted.max(ticket);
+        if ticket > state.synced {
+            self.wanted.notify_one();
+        }
+    }
+
+    /// The sync thread: syncs the log whenever more of it is wanted on
+    /// disk, so that the next sync starts as soon as the last one ends,
+    /// while the job thread answers for the last one.
+    fn sync_when_wanted(&self) {
+        let mut state = self.lock_state();
+        loop {
+            if state.closing {
+                return;
+            }
+            if state.wanted > state.synced && state.broken.is_none() {
+                drop(state);
+                self.sync();
+                state = self.lock_state();
+            } else {
+                state = self
+                    .wanted
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+    }
+
+    /// Syncs the log once (unless a failed sync left it broken) and tells
+    /// those waiting.
+    fn sync(&self) {
+        let _syncing = self.syncing.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.lock_state().broken.is_some() {
+            return;
+        }
+        let result = self.log.sync();
+        let mut state = self.lock_state();
+        #[cfg(test)]
+        {
+            state.syncs += 1;
+        }
+        match result {
+            Ok(covered) => state.synced = state.synced.max(covered),
+            Err(e) => {
+                let path = self.log.path().display();
+                tracing::warn!("syncing the log {path} failed: {e}");
+                state.broken = Some(format!("cannot sync the log {path}: {e}"));
+                self.failed.store(true, Ordering::Release);
+            }
+        }
+        drop(state);
+        self.synced.notify_all();
+    }
+
+    /// The job thread: runs the jobs in the order they come, a sharing one
     /// together with the next if it comes within `share_wait`.
     fn serve(&self, rx: &mpsc::Receiver<Job>, share_wait: Duration) {
         while let Ok(job) = rx.recv() {
@@ -271,11 +368,12 @@ impl Shared {
                 }
             };
             self.pending.fetch_sub(ran, Ordering::Release);
+            self.nudge_store_writeback();
         }
     }
 
     fn run(&self, job: Job) {
-        let result = self.make_durable(job.durable);
+        let result = self.wait_durable(job.durable, false);
         (job.then)(result);
     }
 
@@ -284,51 +382,59 @@ impl Shared {
     /// so the earlier record with it; a durable redb commit covers every
     /// commit before it), then the jobs run in the order they were sent.
     fn run_sharing(&self, first: Job, second: Job) {
-        let second_result = self.make_durable(second.durable);
-        let first_result = self.make_durable(first.durable);
+        let second_result = self.wait_durable(second.durable, false);
+        let first_result = self.wait_durable(first.durable, false);
         (first.then)(first_result);
         (second.then)(second_result);
     }
 
-    fn make_durable(&self, durable: Durable) -> Result<()> {
-        // Never contended: the thread and a job run in place take turns
-        // (see `Syncer::idle`). A panic while it was held cannot leave the
-        // counters half-updated.
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        match durable {
+    /// Waits until `durable` holds; `here` syncs on the calling thread
+    /// (the writer, with no job waiting) instead of waking the sync thread.
+    fn wait_durable(&self, durable: Durable, here: bool) -> Result<()> {
+        let ticket = match durable {
             Durable::Committed => {
+                let mut state = self.lock_state();
                 state.broken = None;
                 self.failed.store(false, Ordering::Release);
-                Ok(())
+                // What was wanted when the log broke is wanted still.
+                let wanted = state.wanted;
+                self.want(&mut state, wanted);
+                return Ok(());
             }
-            Durable::Nothing => Ok(()),
-            Durable::Logged(ticket) => {
-                if state.broken.is_none() && ticket > state.synced {
-                    #[cfg(test)]
-                    {
-                        state.syncs += 1;
-                    }
-                    match self.log.sync() {
-                        Ok(covered) => {
-                            state.synced = covered;
-                            if state.synced - state.nudged >= WRITEBACK_EVERY {
-                                state.nudged = state.synced;
-                                self.log.start_store_writeback();
-                            }
-                        }
-                        Err(e) => {
-                            let path = self.log.path().display();
-                            tracing::warn!("syncing the log {path} failed: {e}");
-                            state.broken = Some(format!("cannot sync the log {path}: {e}"));
-                            self.failed.store(true, Ordering::Release);
-                        }
-                    }
-                }
-                match &state.broken {
-                    Some(detail) => Err(Error::Storage(detail.clone())),
-                    None => Ok(()),
-                }
+            Durable::Nothing => return Ok(()),
+            Durable::Logged(ticket) => ticket,
+        };
+        let mut state = self.lock_state();
+        loop {
+            if let Some(detail) = &state.broken {
+                return Err(Error::Storage(detail.clone()));
             }
+            if state.synced >= ticket {
+                return Ok(());
+            }
+            if here {
+                drop(state);
+                self.sync();
+                state = self.lock_state();
+            } else {
+                self.want(&mut state, ticket);
+                state = self
+                    .synced
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+    }
+
+    /// Starts the store's writeback after every [`WRITEBACK_EVERY`] of log
+    /// synced; from the job thread, so that the next sync does not wait
+    /// for it.
+    fn nudge_store_writeback(&self) {
+        let mut state = self.lock_state();
+        if state.synced - state.nudged >= WRITEBACK_EVERY {
+            state.nudged = state.synced;
+            drop(state);
+            self.log.start_store_writeback();
         }
     }
 }
@@ -374,7 +480,7 @@ mod tests {
         })
     }
 
-    /// Waits for the thread to count its last job done, which it does just
+    /// Waits for the job thread to count its last job done, which it does just
     /// after the job has run (and told `wait_for_jobs`).
     fn wait_until_idle(syncer: &Syncer) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -463,9 +569,49 @@ mod tests {
         syncer.wait_for_jobs();
         assert_eq!(names(&seen), ["first", "second"]);
         let seen = seen.lock().unwrap();
-        // Both on the syncer's thread: the second was sent there.
+        // Both on the job thread: the second was sent there.
         assert_eq!(seen[0].1, seen[1].1);
         assert_ne!(seen[1].1, std::thread::current().id());
+        wait_until_idle(&syncer);
+    }
+
+    #[test]
+    fn the_log_is_synced_while_a_job_is_still_running() {
+        let (_dir, mut wal, syncer) = syncer();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (release, held) = mpsc::channel::<()>();
+        let first = note(&seen, "first");
+        let ticket = append(&mut wal);
+        syncer.after(
+            Durable::Logged(ticket),
+            Box::new(move |result| {
+                held.recv().unwrap();
+                first(result);
+            }),
+        );
+        let synced_through = |ticket: u64| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while syncer.shared.lock_state().synced < ticket {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the log was not synced through {ticket}"
+                );
+                std::thread::yield_now();
+            }
+        };
+        synced_through(ticket);
+        // The first job now holds the job thread; the next record's sync
+        // is not held up behind it.
+        let next = append(&mut wal);
+        (syncer.sync_ahead())(next);
+        synced_through(next);
+        assert_eq!(syncs(&syncer), 2);
+        assert!(seen.lock().unwrap().is_empty(), "the first job ended early");
+        release.send(()).unwrap();
+        syncer.after(Durable::Logged(next), note(&seen, "second"));
+        syncer.wait_for_jobs();
+        assert_eq!(names(&seen), ["first", "second"]);
+        assert_eq!(syncs(&syncer), 2);
         wait_until_idle(&syncer);
     }
 }
