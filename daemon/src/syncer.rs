@@ -393,12 +393,8 @@ impl Shared {
     fn wait_durable(&self, durable: Durable, here: bool) -> Result<()> {
         let ticket = match durable {
             Durable::Committed => {
-                let mut state = self.lock_state();
-                state.broken = None;
+                self.lock_state().broken = None;
                 self.failed.store(false, Ordering::Release);
-                // What was wanted when the log broke is wanted still.
-                let wanted = state.wanted;
-                self.want(&mut state, wanted);
                 return Ok(());
             }
             Durable::Nothing => return Ok(()),
@@ -613,5 +609,56 @@ mod tests {
         assert_eq!(names(&seen), ["first", "second"]);
         assert_eq!(syncs(&syncer), 2);
         wait_until_idle(&syncer);
+    }
+
+    #[test]
+    fn a_failed_sync_fails_logged_jobs_until_a_durable_commit() {
+        // A character device cannot be synced: every sync fails.
+        let path = std::path::Path::new("/dev/null");
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        let syncer = Syncer::start(SyncHandle::over(file, path, 10)).unwrap();
+        let results = Arc::new(Mutex::new(Vec::new()));
+        let keep = |name: &'static str| -> Then {
+            let results = results.clone();
+            Box::new(move |result: Result<()>| {
+                let result = result.map_err(|e| e.to_string());
+                results.lock().unwrap().push((name, result));
+            })
+        };
+        syncer.after(Durable::Logged(10), keep("first"));
+        syncer.wait_for_jobs();
+        assert!(syncer.failed());
+        // Below what the failed sync was for: failed all the same, and
+        // without another sync.
+        syncer.after(Durable::Logged(5), keep("below"));
+        syncer.after(Durable::Committed, keep("persisted"));
+        syncer.wait_for_jobs();
+        assert!(!syncer.failed());
+        assert_eq!(syncs(&syncer), 1);
+        // After the durable commit a job is synced for again (and fails
+        // again here), even one whose ticket was wanted before the log
+        // broke, rather than waited on for ever.
+        syncer.after(Durable::Logged(10), keep("again"));
+        let (tx, rx) = mpsc::channel();
+        syncer.after(Durable::Nothing, Box::new(move |_| tx.send(()).unwrap()));
+        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            // Dropping it would wait for the stuck thread.
+            std::mem::forget(syncer);
+            panic!("a job waited for a sync that never came");
+        }
+        let error = "storage error: cannot sync the log /dev/null: \
+                     Invalid argument (os error 22)";
+        let results = results.lock().unwrap().clone();
+        assert_eq!(
+            results,
+            [
+                ("first", Err(error.to_string())),
+                ("below", Err(error.to_string())),
+                ("persisted", Ok(())),
+                ("again", Err(error.to_string())),
+            ]
+        );
+        assert!(syncer.failed());
+        assert_eq!(syncs(&syncer), 2);
     }
 }

@@ -274,6 +274,18 @@ impl SyncHandle {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// A handle over any file, as if `written` bytes had been appended
+    /// to it: for tests of what happens when syncing it fails.
+    #[cfg(test)]
+    pub fn over(file: File, path: &Path, written: u64) -> SyncHandle {
+        SyncHandle {
+            file: Arc::new(file),
+            written: Arc::new(AtomicU64::new(written)),
+            path: Arc::new(path.to_path_buf()),
+            store: None,
+        }
+    }
 }
 
 /// The log file, open for appending records.
