@@ -148,9 +148,10 @@ impl Syncer {
             syncs: Some(syncs),
             shared: shared.clone(),
         };
-        // Started second: if it cannot start, dropping `syncer` ends the first.
+        // Started second: if it cannot start, dropping `syncer` ends the
+        // first.
         let jobs = std::thread::Builder::new()
-            .name("tetherd-answers".into())
+            .name("tetherd-jobs".into())
             .spawn(move || shared.serve(&rx, share_wait))
             .map_err(|e| Error::io("cannot start the syncer's job thread", e))?;
         syncer.tx = Some(tx);
@@ -168,8 +169,9 @@ impl Syncer {
     }
 
     /// Like [`Syncer::after`], for a job whose `then` nobody waits on
-    /// closely: rather than sync the log for it alone, the job thread waits up
-    /// to [`SHARE_WAIT`] for the next job, whose sync then covers both.
+    /// closely: rather than sync the log for it alone, the job thread
+    /// waits up to [`SHARE_WAIT`] for the next job, whose sync then covers
+    /// both.
     pub fn after_sharing(&self, durable: Durable, then: Then) {
         self.send(Job {
             durable,
@@ -195,7 +197,8 @@ impl Syncer {
 
     /// Runs the job on the calling thread: syncs the log if `durable` asks
     /// for it, then runs `then`. Only when [`Syncer::idle`], or the job
-    /// would overtake those before it; otherwise it is sent to the job thread.
+    /// would overtake those before it; otherwise it is sent to the job
+    /// thread.
     pub fn run_here(&self, durable: Durable, then: Then) {
         if self.idle() {
             let result = self.shared.wait_durable(durable, true);
