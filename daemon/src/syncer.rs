@@ -396,7 +396,14 @@ impl Shared {
     fn wait_durable(&self, durable: Durable, here: bool) -> Result<()> {
         let ticket = match durable {
             Durable::Committed => {
-                self.lock_state().broken = None;
+                let mut state = self.lock_state();
+                if state.broken.take().is_some() {
+                    // What was wanted before is durable in the store now:
+                    // the sync thread must not sync for it again (on a
+                    // failing disk that would break the log at once).
+                    // Jobs after this one want their own tickets.
+                    state.wanted = state.synced;
+                }
                 self.failed.store(false, Ordering::Release);
                 return Ok(());
             }
