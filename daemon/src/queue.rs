@@ -934,9 +934,9 @@ enum Wait {
 
 struct Writer {
     store: Arc<Store>,
-    /// Only ever used from jobs run through `syncer` (on its thread, or on
-    /// this one when it has nothing queued), so that the hub hears of
-    /// commits in order and only once they are durable.
+    /// Only ever used from jobs run through `syncer` (on its job thread,
+    /// or on this one when it has nothing queued), so that the hub hears
+    /// of commits in order and only once they are durable.
     hub: Arc<Hub>,
     syncer: Syncer,
     checkpoint_refs: CheckpointRefs,

@@ -184,7 +184,9 @@ impl Syncer {
         if let Err(job) = self.shared.send(self.tx.as_ref(), job) {
             // The thread is gone (it cannot panic short of a bug in a
             // job): say so to whoever waits rather than leave them hanging.
-            (job.then)(Err(Error::Storage("the syncer thread stopped".into())));
+            (job.then)(Err(Error::Storage(
+                "the syncer's job thread stopped".into(),
+            )));
         }
     }
 
