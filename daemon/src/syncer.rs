@@ -180,8 +180,16 @@ impl Syncer {
         });
     }
 
+    /// Sends `job` to the job thread, counting it pending until it has
+    /// run.
     fn send(&self, job: Job) {
-        if let Err(job) = self.shared.send(self.tx.as_ref(), job) {
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
+        let sent = match &self.tx {
+            Some(tx) => tx.send(job).map_err(|mpsc::SendError(job)| job),
+            None => Err(job),
+        };
+        if let Err(job) = sent {
+            self.shared.pending.fetch_sub(1, Ordering::Release);
             // The thread is gone (it cannot panic short of a bug in a
             // job): say so to whoever waits rather than leave them hanging.
             (job.then)(Err(Error::Storage(
@@ -279,20 +287,6 @@ impl Shared {
     /// the counters half-updated.
     fn lock_state(&self) -> MutexGuard<'_, SyncState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Sends `job` to the job thread, counting it pending until it has run;
-    /// gives it back when that thread is gone.
-    fn send(&self, tx: Option<&mpsc::Sender<Job>>, job: Job) -> std::result::Result<(), Job> {
-        self.pending.fetch_add(1, Ordering::AcqRel);
-        let sent = match tx {
-            Some(tx) => tx.send(job).map_err(|mpsc::SendError(job)| job),
-            None => Err(job),
-        };
-        if sent.is_err() {
-            self.pending.fetch_sub(1, Ordering::Release);
-        }
-        sent
     }
 
     /// Asks the sync thread to sync the log through `ticket`. Wakes it
@@ -488,17 +482,31 @@ mod tests {
         })
     }
 
+    /// Waits up to 10 s for `done`; fails saying what never happened.
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::yield_now();
+        }
+    }
+
     /// Waits for the job thread to count its last job done, which it does just
     /// after the job has run (and told `wait_for_jobs`).
     fn wait_until_idle(syncer: &Syncer) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !syncer.idle() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the syncer never became idle"
-            );
-            std::thread::yield_now();
-        }
+        wait_until("the syncer never became idle", || syncer.idle());
+    }
+
+    /// Like [`note`], for a job that holds the job thread inside it until
+    /// the returned sender is sent to.
+    fn held(seen: &Seen, name: &'static str) -> (mpsc::Sender<()>, Then) {
+        let (release, held) = mpsc::channel::<()>();
+        let note = note(seen, name);
+        let then: Then = Box::new(move |result| {
+            held.recv().unwrap();
+            note(result);
+        });
+        (release, then)
     }
 
     /// Appends a small record to the log; returns its ticket.
@@ -561,15 +569,8 @@ mod tests {
         let (_dir, _wal, syncer) = syncer();
         let seen = Arc::new(Mutex::new(Vec::new()));
         // The thread is held inside the first job until released.
-        let (release, held) = mpsc::channel::<()>();
-        let first = note(&seen, "first");
-        syncer.after(
-            Durable::Nothing,
-            Box::new(move |result| {
-                held.recv().unwrap();
-                first(result);
-            }),
-        );
+        let (release, first) = held(&seen, "first");
+        syncer.after(Durable::Nothing, first);
         assert!(!syncer.idle());
         syncer.run_here(Durable::Nothing, note(&seen, "second"));
         assert!(seen.lock().unwrap().is_empty(), "the second job ran first");
@@ -587,25 +588,13 @@ mod tests {
     fn the_log_is_synced_while_a_job_is_still_running() {
         let (_dir, mut wal, syncer) = syncer();
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let (release, held) = mpsc::channel::<()>();
-        let first = note(&seen, "first");
+        let (release, first) = held(&seen, "first");
         let ticket = append(&mut wal);
-        syncer.after(
-            Durable::Logged(ticket),
-            Box::new(move |result| {
-                held.recv().unwrap();
-                first(result);
-            }),
-        );
+        syncer.after(Durable::Logged(ticket), first);
         let synced_through = |ticket: u64| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while syncer.shared.lock_state().synced < ticket {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the log was not synced through {ticket}"
-                );
-                std::thread::yield_now();
-            }
+            wait_until(&format!("the log was not synced through {ticket}"), || {
+                syncer.shared.lock_state().synced >= ticket
+            });
         };
         synced_through(ticket);
         // The first job now holds the job thread; the next record's sync
