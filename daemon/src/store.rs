@@ -834,7 +834,11 @@ pub struct WriteTxn<'t> {
     chunks: LazyTable<'t, (u64, u64), &'static [u8]>,
     /// Frames appended in this transaction, one chunk per stream id,
     /// closed (and logged) when full or before the record is appended.
+    /// The chunk of the stream appended to last is kept out of the map:
+    /// a batch is mostly runs of one stream, and hashing the id for every
+    /// frame was a percent of the daemon's time.
     pending: HashMap<u64, PendingChunk>,
+    current: Option<(u64, PendingChunk)>,
     /// Chunks closed and logged but not yet in `chunks`: a logged
     /// transaction inserts them only after its record is appended, so
     /// that the log's sync runs while redb copies them into its pages.
@@ -880,10 +884,18 @@ impl WriteTxn<'_> {
     /// with consecutive seqs are stored together as one chunk when the
     /// transaction commits.
     pub fn put_frame(&mut self, stream_id: u64, seq: u64, frame: &Frame) -> Result<()> {
-        let pending = self
-            .pending
-            .entry(stream_id)
-            .or_insert_with(|| PendingChunk::new(seq));
+        if !matches!(&self.current, Some((id, _)) if *id == stream_id) {
+            let chunk = self
+                .pending
+                .remove(&stream_id)
+                .unwrap_or_else(|| PendingChunk::new(seq));
+            if let Some((id, before)) = self.current.replace((stream_id, chunk)) {
+                self.pending.insert(id, before);
+            }
+        }
+        let Some((_, pending)) = &mut self.current else {
+            unreachable!("the stream's chunk was just made current")
+        };
         // A chunk is closed before it would outgrow one redb page: the
         // continuation check is for callers that skip seqs (none do today).
         if pending.next_seq() != seq || !pending.has_room_for(frame) {
@@ -925,7 +937,7 @@ impl WriteTxn<'_> {
     /// Closes the chunks gathered so far (logging them).
     fn flush_chunks(&mut self) -> Result<()> {
         let pending = std::mem::take(&mut self.pending);
-        for (stream_id, chunk) in pending {
+        for (stream_id, chunk) in self.current.take().into_iter().chain(pending) {
             self.close_chunk(stream_id, chunk)?;
         }
         Ok(())
@@ -1255,6 +1267,7 @@ fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> WriteTxn<'_> {
         streams: LazyTable::new(txn, STREAMS),
         chunks: LazyTable::new(txn, CHUNKS),
         pending: HashMap::new(),
+        current: None,
         unstored: Vec::new(),
         producers: LazyTable::new(txn, PRODUCERS),
         consumers: LazyTable::new(txn, CONSUMERS),
@@ -1940,6 +1953,51 @@ mod tests {
         let read = store.read_frames("s", 4, limits).unwrap();
         let seqs: Vec<u64> = read.frames.iter().map(|(s, _)| *s).collect();
         assert_eq!(seqs, vec![4, 5, 6]);
+    }
+
+    #[test]
+    fn streams_taking_turns_in_one_transaction_keep_their_own_frames() {
+        let (_dir, store) = store();
+        let meta = |id| StreamMeta {
+            id,
+            first_seq: 1,
+            last_seq: 6,
+            frames: 6,
+            bytes: 0,
+            created_micros: 0,
+        };
+        store
+            .write(|txn| {
+                txn.put_stream("a", &meta(1))?;
+                txn.put_stream("b", &meta(2))?;
+                // a 1-2, b 1-3, a 3-4, b 4-6, a 5-6: each switch puts the
+                // other stream's chunk aside and takes it up again.
+                for (id, from, to) in [(1, 1, 2), (2, 1, 3), (1, 3, 4), (2, 4, 6), (1, 5, 6)] {
+                    for seq in from..=to {
+                        let payload = Bytes::from(format!("{id}:{seq}"));
+                        txn.put_frame(id, seq, &frame_of(&payload))?;
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        let limits = ReadLimits {
+            max_frames: 100,
+            max_bytes: usize::MAX,
+            through_seq: 6,
+        };
+        for (name, id) in [("a", 1), ("b", 2)] {
+            let read = store.read_frames(name, 1, limits).unwrap();
+            let got: Vec<(u64, Bytes)> = read
+                .frames
+                .into_iter()
+                .map(|(s, f)| (s, f.payload))
+                .collect();
+            let want: Vec<(u64, Bytes)> = (1..=6)
+                .map(|seq| (seq, Bytes::from(format!("{id}:{seq}"))))
+                .collect();
+            assert_eq!(got, want, "stream {name}");
+        }
     }
 
     #[test]
