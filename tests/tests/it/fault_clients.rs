@@ -26,11 +26,11 @@ const WIDTH: usize = 1000;
 /// with 500 followers, 100 of them stalled. Memory per follower is bounded
 /// by construction, not by the stream's length: a follower holds at most
 /// its live budget in the hub (256 KiB), one subscription event (a store
-/// read of at most 128 KiB, or a live batch) waiting for the socket and
-/// one being written, so well under 1 MiB. Measured: 128 MiB peak for the
-/// daemon (it was 1.6 GB before the budgets were cut and store chunks were
-/// capped at 64 KiB); buffering the stalled followers' backlog would take
-/// 2 GB.
+/// read of at most 256 KiB, or a live batch) waiting for the socket and
+/// one being written, so about 1 MiB. Measured: 85-128 MiB peak for the
+/// daemon with store reads of 128 KiB, 99 MiB with 256 KiB (it was 1.6 GB
+/// before the budgets were cut and store chunks were capped at 64 KiB);
+/// buffering the stalled followers' backlog would take 2 GB.
 const RSS_BOUND_MIB: u64 = 256;
 
 #[test]
