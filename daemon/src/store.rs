@@ -836,7 +836,7 @@ pub struct WriteTxn<'t> {
     /// closed (and logged) when full or before the record is appended.
     /// The chunk of the stream appended to last is kept out of the map:
     /// a batch is mostly runs of one stream, and hashing the id for every
-    /// frame was a percent of the daemon's time.
+    /// frame was most of a percent of the daemon's time.
     pending: HashMap<u64, PendingChunk>,
     current: Option<(u64, PendingChunk)>,
     /// Chunks closed and logged but not yet in `chunks`: a logged
