@@ -833,11 +833,12 @@ pub struct WriteTxn<'t> {
     streams: LazyTable<'t, &'static str, &'static [u8]>,
     chunks: LazyTable<'t, (u64, u64), &'static [u8]>,
     /// Frames appended in this transaction, one chunk per stream id,
-    /// closed (and logged) when full or before the record is appended.
-    /// The chunk of the stream appended to last is kept out of the map:
-    /// a batch is mostly runs of one stream, and hashing the id for every
-    /// frame was most of a percent of the daemon's time.
+    /// closed (and logged) when full or before the record is appended;
+    /// all but `current`'s.
     pending: HashMap<u64, PendingChunk>,
+    /// The stream appended to last and its open chunk, kept out of
+    /// `pending`: a batch is mostly runs of one stream, and hashing the id
+    /// for every frame was most of a percent of the daemon's time.
     current: Option<(u64, PendingChunk)>,
     /// Chunks closed and logged but not yet in `chunks`: a logged
     /// transaction inserts them only after its record is appended, so
