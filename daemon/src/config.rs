@@ -72,6 +72,9 @@ pub struct Config {
     pub log_level: String,
     /// Restarts allowed to a run that did not say; `None` is unlimited.
     pub default_max_restarts: Option<u32>,
+    /// The write-ahead log's size in bytes. A log that goes round keeps
+    /// the size it had when it started to (see [`crate::wal`]).
+    pub log_capacity: u64,
 }
 
 impl Config {
@@ -91,6 +94,7 @@ impl Config {
             readers_group: None,
             log_level: DEFAULT_LOG_LEVEL.to_owned(),
             default_max_restarts: None,
+            log_capacity: crate::wal::DEFAULT_CAPACITY,
         }
     }
 

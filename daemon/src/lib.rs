@@ -111,6 +111,7 @@ pub async fn run_with(
         retention: config.retention.clone(),
         checkpoint_keep: config.checkpoint_keep,
         max_checkpoint_bytes: config.max_checkpoint_bytes,
+        log_capacity: config.log_capacity,
         ..queue::QueueOptions::default()
     };
     let store_path = config.store_path();

@@ -74,8 +74,9 @@ const COMPACT_EVERY_BATCHES: u32 = 64;
 /// How often age retention is checked.
 const AGE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How long compaction rests after it failed, so that a persistent failure
-/// (a full disk) does not keep the writer spinning.
+/// How long compaction (and copying chunks from the log) rests after it
+/// failed, so that a persistent failure (a full disk) does not keep the
+/// writer spinning.
 const COMPACT_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// How long commits may stay in the write-ahead log alone before an idle
@@ -105,6 +106,8 @@ pub struct QueueOptions {
     pub checkpoint_keep: usize,
     /// Largest checkpoint (and durable step result) accepted, in bytes.
     pub max_checkpoint_bytes: usize,
+    /// The write-ahead log's size (see [`Store::open_with_log`]).
+    pub log_capacity: u64,
 }
 
 impl Default for QueueOptions {
@@ -115,6 +118,7 @@ impl Default for QueueOptions {
             max_batch_bytes: 4 * 1024 * 1024,
             checkpoint_keep: 10,
             max_checkpoint_bytes: 8 * 1024 * 1024,
+            log_capacity: crate::wal::DEFAULT_CAPACITY,
         }
     }
 }
@@ -166,7 +170,7 @@ impl Queue {
     /// Opens (or creates) the store at `store_path`, loads its state and
     /// starts the writer thread.
     pub fn open(store_path: &Path, opts: QueueOptions) -> Result<Queue> {
-        let store = Arc::new(Store::open(store_path)?);
+        let store = Arc::new(Store::open_with_log(store_path, opts.log_capacity)?);
         let snapshot = store.load()?;
         let checkpoint_refs = Arc::new(Mutex::new(newest_valid_checkpoints(&store)?));
         let hub = Arc::new(Hub::new(FollowerBudget::default()));
@@ -186,6 +190,7 @@ impl Queue {
             dirty_set: HashSet::new(),
             next_age_check: Instant::now(),
             compaction_paused_until: None,
+            copying_paused_until: None,
             answered_alone: None,
             awake: false,
         };
@@ -952,6 +957,9 @@ struct Writer {
     dirty_set: HashSet<String>,
     next_age_check: Instant,
     compaction_paused_until: Option<Instant>,
+    /// Copying chunks from the log rests until then after it failed (a
+    /// full disk), as compaction does: each failure reopens the store.
+    copying_paused_until: Option<Instant>,
     /// When the writer last answered a lone command itself.
     answered_alone: Option<Instant>,
     /// Whether to wait awake for the next command (see
@@ -979,6 +987,7 @@ impl Writer {
                         .is_some_and(|t| t.elapsed() < AWAKE_FOR);
                     let batch = self.drain(first);
                     self.process(batch);
+                    self.tend_log();
                     self.awake = quick && self.answered_alone.is_some();
                     busy_batches += 1;
                     if busy_batches >= COMPACT_EVERY_BATCHES {
@@ -1108,8 +1117,32 @@ impl Writer {
         }
     }
 
-    /// Makes the store hold every commit itself, so that the log starts
-    /// again; after a failed sync of the log, also what it could not sync.
+    /// When the log's records are getting near chunks it keeps for the
+    /// store, copies a step of them into the store, and persists it when
+    /// the records need to go over them (see [`crate::wal`], "Going
+    /// round"). Between batches, so that a full log rarely holds a
+    /// commit up.
+    fn tend_log(&mut self) {
+        if !self.healthy
+            || self
+                .copying_paused_until
+                .is_some_and(|t| Instant::now() < t)
+        {
+            return;
+        }
+        match self.store.copy_from_log() {
+            Ok(true) => self.persist(),
+            Ok(false) => {}
+            Err(e) => {
+                self.copying_paused_until = Some(Instant::now() + COMPACT_RETRY_DELAY);
+                self.after_failure("copying chunks from the log into the store", &e);
+            }
+        }
+    }
+
+    /// Makes the store hold every commit itself, so that no record of the
+    /// log is needed for a replay; after a failed sync of the log, also
+    /// what it could not sync.
     fn persist(&mut self) {
         match self.store.persist() {
             Ok(()) => self.syncer.after(Durable::Committed, Box::new(|_| {})),

@@ -10,10 +10,10 @@
 //! | table | key | value |
 //! |---|---|---|
 //! | `streams` | stream name | postcard [`StreamMeta`] |
-//! | `chunks` | (stream id, first seq) | the frames of one group commit (see below) |
+//! | `chunks` | (stream id, first seq) | the frames of one group commit, or where the log keeps them (see below) |
 //! | `producers` | (stream id, producer) | (newest producer_seq, its stream seq) |
 //! | `consumers` | (stream id, consumer) | acked_through |
-//! | `meta` | key | u64 (schema version, next stream id) |
+//! | `meta` | key | u64 (schema version, next stream id, the log's marks) |
 //! | `executions` | execution id | encoded manifest (the supervisor's format) |
 //! | `checkpoints` | (execution id, checkpoint id) | a [`Record`](crate::checkpoint::Record) |
 //! | `steps` | (execution id, step name) | the step's recorded result |
@@ -43,6 +43,12 @@
 //! Reads copy the part of a chunk they return into one buffer and hand out
 //! payloads as slices of it: one allocation per chunk read, not per frame.
 //!
+//! When the write-ahead log goes round (see [`crate::wal`], "Going
+//! round"), a logged transaction's chunk value is an [`InLog`] instead:
+//! where its bytes are in the log's record, read from there until the
+//! writer copies them in as the log comes round. Every reader of chunk
+//! values goes through one function, `chunk_bytes`.
+//!
 //! Schema version 2 introduced chunks; a version 1 file (one row per frame)
 //! is refused with a message naming both versions, not migrated.
 //!
@@ -53,10 +59,12 @@
 //! the write-ahead log (`tether.wal` beside the store, see [`crate::wal`]),
 //! appends it, and commits to redb without durability: the caller makes it
 //! durable by syncing the log. Any durable commit ([`Store::persist`] when
-//! nothing else is due) makes every earlier one durable too and empties the
-//! log. The `meta` table's `wal_applied` is the number of the last record
-//! the state includes, written by each logged transaction itself; opening
-//! the store applies the records above it.
+//! nothing else is due) makes every earlier one durable too, after which
+//! no record is needed for a replay. The `meta` table's `wal_applied` is
+//! the number of the last record the state includes, written by each
+//! logged transaction itself (and, going round, with `wal_resume` and
+//! `wal_tail`, by each durable commit); opening the store applies the
+//! records above it.
 //!
 //! # Failures
 //!
@@ -81,7 +89,7 @@ use serde::{Deserialize, Serialize};
 use tether_protocol::{ConsumerInfo, Frame, FrameKind, StreamInfo};
 
 use crate::syncer::Durable;
-use crate::wal::{self, Op, RawBytes, RecordBuf, Wal};
+use crate::wal::{self, LogReader, Op, RawBytes, RecordBuf, Wal};
 use crate::{Error, Result};
 
 /// The layout version this build reads and writes. A file with another
@@ -117,6 +125,16 @@ const META_NEXT_STREAM_ID: &str = "next_stream_id";
 /// The number of the last write-ahead log record this state includes (see
 /// [`crate::wal`]); missing means none.
 const META_WAL_APPLIED: &str = "wal_applied";
+/// Going round (see [`crate::wal`]): where the record after `wal_applied`
+/// goes in the log, as of the last durable commit; missing when the log
+/// does not go round.
+const META_WAL_RESUME: &str = "wal_resume";
+/// Going round: the oldest position in the log of a chunk it keeps for
+/// the store, as of the last durable commit.
+const META_WAL_TAIL: &str = "wal_tail";
+/// Going round: the log's capacity, which its positions are counted in
+/// (kept while the log goes round, whatever the setting says).
+const META_WAL_CAPACITY: &str = "wal_capacity";
 
 /// Per-stream bookkeeping, stored beside the frames it describes.
 ///
@@ -273,6 +291,8 @@ pub struct Store {
     needs_reopen: AtomicBool,
     /// The write-ahead log. Locked after `db` whenever both are.
     wal: Mutex<Wal>,
+    /// Reads chunks the log keeps for the store, without its lock.
+    log: LogReader,
 }
 
 impl Store {
@@ -284,9 +304,31 @@ impl Store {
     /// replayed before anything else happens: what it holds beyond the
     /// store is applied (see the module docs, "Durability").
     pub fn open(path: &Path) -> Result<Store> {
+        Self::open_with_log(path, wal::DEFAULT_CAPACITY)
+    }
+
+    /// [`Store::open`] with a log of `log_capacity` bytes, unless the log
+    /// already goes round: its positions are counted in the capacity it
+    /// had when it began to, which it keeps.
+    pub fn open_with_log(path: &Path, log_capacity: u64) -> Result<Store> {
         let existed = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
         let db = open_database(path)?;
-        let mut log = Wal::open(&path.with_extension("wal"), wal::DEFAULT_CAPACITY)?;
+        let round = if existed {
+            going_round_with(&db, path)?
+        } else {
+            None
+        };
+        let capacity = match round {
+            Some(kept) if kept != log_capacity => {
+                tracing::warn!(
+                    "the log goes round {kept} bytes; the setting of {log_capacity} applies \
+                     to a new store"
+                );
+                kept
+            }
+            _ => log_capacity,
+        };
+        let mut log = Wal::open(&path.with_extension("wal"), capacity)?;
         if !existed {
             // A new store: a log left beside a store file that was removed
             // belongs to that store, not to this one.
@@ -297,6 +339,7 @@ impl Store {
             db: RwLock::new(Some(db)),
             closed: AtomicBool::new(false),
             needs_reopen: AtomicBool::new(false),
+            log: log.reader(),
             wal: Mutex::new(log),
         };
         store.init_schema()?;
@@ -308,7 +351,66 @@ impl Store {
             // Only a head start: zeros are written ahead of the records.
             tracing::warn!("{e}");
         }
+        store.settle_log()?;
         Ok(store)
+    }
+
+    /// Makes the store's durable marks say whether the log goes round, as
+    /// [`Wal::prepare`] decided: a replay then reads the log the way it
+    /// was written. Only a store that changes over commits anything.
+    fn settle_log(&self) -> Result<()> {
+        let marked = self.read_in(|txn| {
+            let meta = txn.open_table(META).map_err(|e| self.fail(e))?;
+            let resume = meta.get(META_WAL_RESUME).map_err(|e| self.fail(e))?;
+            Ok(resume.is_some())
+        })?;
+        let ring = {
+            let mut log = self.wal();
+            if log.is_ring() && !marked {
+                log.start_round_here();
+            }
+            log.is_ring()
+        };
+        if ring != marked {
+            self.persist()?;
+        }
+        Ok(())
+    }
+
+    /// Copies chunks the log keeps for the store into it, when the log's
+    /// records are getting near them (see [`crate::wal`], "Going round"):
+    /// one step, committed without durability. Returns whether the store
+    /// should now be persisted, so that the records can go over them.
+    pub fn copy_from_log(&self) -> Result<bool> {
+        let guard = self.handle()?;
+        let db = guard_db(&guard)?;
+        let mut log = self.wal();
+        let budget = log.copy_budget();
+        if budget > 0 {
+            let copied = db.begin_write().map_err(storage).and_then(|mut txn| {
+                let mut tables = tables(&txn, &self.log, None);
+                match copy_kept_chunks(&mut tables, &log, budget) {
+                    Ok(to) => {
+                        drop(tables);
+                        txn.set_durability(Durability::None).map_err(storage)?;
+                        commit(txn).map(|()| to)
+                    }
+                    Err(e) => {
+                        drop(tables);
+                        abort(txn);
+                        Err(e)
+                    }
+                }
+            });
+            match copied {
+                Ok(to) => log.copied_to(to),
+                Err(e) => {
+                    self.needs_reopen.store(true, Ordering::Release);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(log.wants_persist())
     }
 
     /// The write-ahead log, for the syncer (see [`Wal::sync_handle`]).
@@ -421,8 +523,9 @@ impl Store {
         self.write_as(Some(appended), f)
     }
 
-    /// Makes every commit so far durable in the store itself, so that the
-    /// log is no longer needed and starts again from its beginning.
+    /// Makes every commit so far durable in the store itself, so that no
+    /// record of the log is needed for a replay (it starts again from its
+    /// beginning, or, going round, goes on over the chunks copied).
     pub fn persist(&self) -> Result<()> {
         self.write(|_| Ok(()))
     }
@@ -435,7 +538,7 @@ impl Store {
     ) -> Result<(T, Durable)> {
         let guard = self.handle()?;
         let db = guard_db(&guard)?;
-        let result = write_in(db, &mut self.wal(), appended, f);
+        let result = write_in(db, &mut self.wal(), &self.log, appended, f);
         if result.is_err() {
             self.needs_reopen.store(true, Ordering::Release);
         }
@@ -601,7 +704,23 @@ impl Store {
         limits: ReadLimits,
         new_sink: impl Fn() -> S,
     ) -> Result<ReadChunk<S>> {
-        self.read_in(|txn| self.read_frames_in(txn, stream, from_seq, limits, new_sink()))
+        for _ in 0..MOVED_RETRIES {
+            let read =
+                self.read_in(|txn| self.read_frames_in(txn, stream, from_seq, limits, new_sink()))?;
+            if let Some(read) = read {
+                return Ok(read);
+            }
+        }
+        Err(self.log_moved(stream))
+    }
+
+    /// A read that met chunks the log's records had gone over, every time.
+    fn log_moved(&self, stream: &str) -> Error {
+        Error::Storage(format!(
+            "reading stream {stream:?}: the chunks kept in the log {} were written over \
+             {MOVED_RETRIES} times while being read",
+            self.log.path().display()
+        ))
     }
 
     fn read_frames_in<S: FrameSink>(
@@ -611,7 +730,7 @@ impl Store {
         from_seq: u64,
         limits: ReadLimits,
         sink: S,
-    ) -> Result<ReadChunk<S>> {
+    ) -> Result<Option<ReadChunk<S>>> {
         let meta = txn
             .open_table(STREAMS)
             .map_err(|e| self.fail(e))?
@@ -627,7 +746,7 @@ impl Store {
         };
         let through = limits.through_seq.min(meta.last_seq);
         if from_seq < meta.first_seq || from_seq > through {
-            return Ok(chunk);
+            return Ok(Some(chunk));
         }
         let table = txn.open_table(CHUNKS).map_err(|e| self.fail(e))?;
         let start = chunk_holding(&table, meta.id, from_seq).map_err(|e| self.fail(e))?;
@@ -643,6 +762,7 @@ impl Store {
             bytes: 0,
             wanted: Vec::new(),
         };
+        let mut kept = Vec::new();
         for item in range {
             let (key, value) = item.map_err(|e| self.fail(e))?;
             let (_, first) = key.value();
@@ -652,7 +772,11 @@ impl Store {
                     reader.next_seq
                 )));
             }
-            if reader.take(first, value.value(), &mut chunk.frames)? {
+            let Some(bytes) = chunk_bytes(value.value(), &self.log, &mut kept, stream, first)?
+            else {
+                return Ok(None);
+            };
+            if reader.take(first, bytes, &mut chunk.frames)? {
                 break;
             }
         }
@@ -662,18 +786,29 @@ impl Store {
                 meta.first_seq, meta.last_seq
             )));
         }
-        Ok(chunk)
+        Ok(Some(chunk))
     }
 
     /// The timestamp of one frame, `None` when it is not stored.
     pub fn frame_ts(&self, stream_id: u64, seq: u64) -> Result<Option<u64>> {
-        self.read_in(|txn| self.frame_ts_in(txn, stream_id, seq))
+        for _ in 0..MOVED_RETRIES {
+            if let Some(ts) = self.read_in(|txn| self.frame_ts_in(txn, stream_id, seq))? {
+                return Ok(ts);
+            }
+        }
+        Err(self.log_moved(&format!("#{stream_id}")))
     }
 
-    fn frame_ts_in(&self, txn: &ReadTransaction, stream_id: u64, seq: u64) -> Result<Option<u64>> {
+    /// `None` when the log went over the chunk while it was read.
+    fn frame_ts_in(
+        &self,
+        txn: &ReadTransaction,
+        stream_id: u64,
+        seq: u64,
+    ) -> Result<Option<Option<u64>>> {
         let table = txn.open_table(CHUNKS).map_err(|e| self.fail(e))?;
         let Some(first) = chunk_holding(&table, stream_id, seq).map_err(|e| self.fail(e))? else {
-            return Ok(None);
+            return Ok(Some(None));
         };
         let value = table
             .get((stream_id, first))
@@ -681,15 +816,18 @@ impl Store {
             .ok_or_else(|| {
                 Error::Storage(format!("chunk {first} of stream #{stream_id} vanished"))
             })?;
-        for f in
-            ChunkIter::new(first, value.value()).map_err(|e| corrupt_chunk(stream_id, first, &e))?
-        {
+        let mut kept = Vec::new();
+        let stream = format!("#{stream_id}");
+        let Some(bytes) = chunk_bytes(value.value(), &self.log, &mut kept, &stream, first)? else {
+            return Ok(None);
+        };
+        for f in ChunkIter::new(first, bytes).map_err(|e| corrupt_chunk(stream_id, first, &e))? {
             let f = f.map_err(|e| corrupt_chunk(stream_id, first, &e))?;
             if f.seq == seq {
-                return Ok(Some(f.ts_micros));
+                return Ok(Some(Some(f.ts_micros)));
             }
         }
-        Ok(None)
+        Ok(Some(None))
     }
 
     /// Every execution manifest, as (execution id, encoded manifest), in id
@@ -840,10 +978,14 @@ pub struct WriteTxn<'t> {
     /// `pending`: a batch is mostly runs of one stream, and hashing the id
     /// for every frame was most of a percent of the daemon's time.
     current: Option<(u64, PendingChunk)>,
-    /// Chunks closed and logged but not yet in `chunks`: a logged
-    /// transaction inserts them only after its record is appended, so
-    /// that the log's sync runs while redb copies them into its pages.
-    unstored: Vec<((u64, u64), Vec<u8>)>,
+    /// Chunks closed and logged but not yet in `chunks`, with where their
+    /// bytes start in the record: a logged transaction inserts them only
+    /// after its record is appended, so that the log's sync runs while
+    /// redb stores them (and, when the log goes round, so that their
+    /// place in the log is known).
+    unstored: Vec<((u64, u64), Vec<u8>, usize)>,
+    /// Reads chunks the log keeps for the store.
+    log: &'t LogReader,
     producers: LazyTable<'t, (u64, &'static str), (u64, u64)>,
     consumers: LazyTable<'t, (u64, &'static str), u64>,
     meta: LazyTable<'t, &'static str, u64>,
@@ -923,8 +1065,10 @@ impl WriteTxn<'_> {
                 chunk: RawBytes(&bytes),
             },
         )?;
-        if self.record.is_some() {
-            self.unstored.push((key, bytes));
+        if let Some(record) = &self.record {
+            // The op ends with the chunk's bytes.
+            let offset = record.len() - bytes.len();
+            self.unstored.push((key, bytes, offset));
             Ok(())
         } else {
             self.chunks
@@ -946,15 +1090,25 @@ impl WriteTxn<'_> {
 
     /// Closes the chunks gathered so far and writes every logged one to
     /// `chunks`, so that the rest of the transaction (and the commit)
-    /// sees them.
-    fn store_chunks(&mut self) -> Result<()> {
+    /// sees them. `kept_at`: where the transaction's record was appended
+    /// to a log that goes round, which then keeps the chunks' bytes for
+    /// the store (`chunks` gets where they are, see [`InLog`]).
+    fn store_chunks(&mut self, kept_at: Option<u64>) -> Result<()> {
         self.flush_chunks()?;
         if self.unstored.is_empty() {
             return Ok(());
         }
         let table = self.chunks.get()?;
-        for (key, bytes) in self.unstored.drain(..) {
-            table.insert(key, bytes.as_slice()).map_err(storage)?;
+        for (key, bytes, offset) in self.unstored.drain(..) {
+            let reference;
+            let value = match kept_at {
+                Some(record_at) => {
+                    reference = InLog::of(record_at + offset as u64, &bytes)?.encode();
+                    &reference[..]
+                }
+                None => &bytes[..],
+            };
+            table.insert(key, value).map_err(storage)?;
         }
         Ok(())
     }
@@ -1134,7 +1288,7 @@ impl WriteTxn<'_> {
         through_seq: u64,
         delete: impl FnMut(FrameInfo) -> bool,
     ) -> Result<Deleted> {
-        self.store_chunks()?;
+        self.store_chunks(None)?;
         let out = self.choose_prefix(stream_id, from_seq, through_seq, delete)?;
         if out.frames > 0 {
             self.cut_chunks(stream_id, from_seq + out.frames)?;
@@ -1162,11 +1316,16 @@ impl WriteTxn<'_> {
             .get()?
             .range((stream_id, start)..=(stream_id, through_seq))
             .map_err(storage)?;
+        let mut kept = Vec::new();
+        let stream = format!("#{stream_id}");
         for item in range {
             let (key, value) = item.map_err(storage)?;
             let (_, first) = key.value();
             let corrupt = |e: &postcard::Error| corrupt_chunk(stream_id, first, e);
-            for f in ChunkIter::new(first, value.value()).map_err(|e| corrupt(&e))? {
+            // The writer's own transaction: the log cannot go over it.
+            let bytes = chunk_bytes(value.value(), self.log, &mut kept, &stream, first)?
+                .ok_or_else(|| self_moved(&stream))?;
+            for f in ChunkIter::new(first, bytes).map_err(|e| corrupt(&e))? {
                 let f = f.map_err(|e| corrupt(&e))?;
                 if f.seq < from_seq {
                     continue;
@@ -1200,7 +1359,7 @@ impl WriteTxn<'_> {
             .retain_in(
                 (stream_id, 0)..(stream_id, new_first),
                 |(_, first), value| {
-                    match chunk_len(value) {
+                    match stored_count(value) {
                         Ok(n) if first + u64::from(n) > new_first => {
                             straddling = Some((first, value.to_vec()));
                         }
@@ -1219,7 +1378,11 @@ impl WriteTxn<'_> {
             below: new_first,
         })?;
         if let Some((first, value)) = straddling {
-            let rest = chunk_from(first, &value, new_first)
+            let mut kept = Vec::new();
+            let stream = format!("#{stream_id}");
+            let bytes = chunk_bytes(&value, self.log, &mut kept, &stream, first)?
+                .ok_or_else(|| self_moved(&stream))?;
+            let rest = chunk_from(first, bytes, new_first)
                 .map_err(|e| corrupt_chunk(stream_id, first, &e))?;
             self.chunks
                 .get()?
@@ -1263,8 +1426,13 @@ impl<'t, K: Key + 'static, V: Value + 'static> LazyTable<'t, K, V> {
 }
 
 /// The tables of `txn`, for writing; each is opened when first used.
-fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> WriteTxn<'_> {
+fn tables<'t>(
+    txn: &'t WriteTransaction,
+    log: &'t LogReader,
+    record: Option<RecordBuf>,
+) -> WriteTxn<'t> {
     WriteTxn {
+        log,
         streams: LazyTable::new(txn, STREAMS),
         chunks: LazyTable::new(txn, CHUNKS),
         pending: HashMap::new(),
@@ -1284,15 +1452,18 @@ fn tables(txn: &WriteTransaction, record: Option<RecordBuf>) -> WriteTxn<'_> {
 
 /// Runs `f` in one write transaction and commits it: through the log when
 /// `appended` is given and the log can describe it and has room, else
-/// durably (after which the log starts again).
+/// durably (after which the log starts again, or, going round, goes on
+/// past the chunks it kept that are now in the store).
 fn write_in<T>(
     db: &Database,
     log: &mut Wal,
+    reader: &LogReader,
     appended: Option<impl FnOnce(u64)>,
     f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
 ) -> Result<(T, Durable)> {
     let mut txn = db.begin_write().map_err(storage)?;
-    let mut tables = tables(&txn, appended.is_some().then(|| log.take_buf()));
+    let mut tables = tables(&txn, reader, appended.is_some().then(|| log.take_buf()));
+    let mut full = false;
     let outcome = f(&mut tables)
         .and_then(|value| tables.flush_chunks().map(|()| value))
         .and_then(|value| {
@@ -1309,7 +1480,11 @@ fn write_in<T>(
                     }
                     Some(record)
                 }
-                _ => None,
+                Some(_) => {
+                    full = !tables.unlogged;
+                    None
+                }
+                None => None,
             };
             Ok((value, record))
         });
@@ -1322,7 +1497,9 @@ fn write_in<T>(
         }
     };
     let mut durable = Durable::Committed;
+    let mut kept_at = None;
     if let Some(mut record) = record {
+        let at = log.place(record.len() as u64);
         let ticket = if record.is_empty() {
             // Nothing changed; answering still waits for what came before.
             Ok(log.written())
@@ -1336,22 +1513,27 @@ fn write_in<T>(
                     appended(ticket);
                 }
                 durable = Durable::Logged(ticket);
+                kept_at = at.filter(|_| log.is_ring());
             }
             // The store itself can still take it: commit durably, below.
             Err(e) => tracing::warn!("{e}; committing to the store directly"),
         }
     }
     // After the append: the log's sync (which `appended` may have started)
-    // runs while redb copies the frames into its pages.
-    let stored = tables.store_chunks();
+    // runs while redb stores the frames.
+    let mut stored = tables.store_chunks(kept_at);
+    // A logged commit is made durable by the log's sync; any other by
+    // redb itself, after which the log is no longer needed for a replay.
+    let logged = matches!(durable, Durable::Logged(_));
+    let mut copied = None;
+    if stored.is_ok() && !logged {
+        stored = durable_marks(&mut tables, log, full).map(|to| copied = to);
+    }
     drop(tables);
     if let Err(e) = stored {
         abort(txn);
         return Err(e);
     }
-    // A logged commit is made durable by the log's sync; any other by
-    // redb itself, after which the log is no longer needed.
-    let logged = matches!(durable, Durable::Logged(_));
     let durability = if logged {
         Durability::None
     } else {
@@ -1360,9 +1542,75 @@ fn write_in<T>(
     txn.set_durability(durability).map_err(storage)?;
     commit(txn)?;
     if !logged {
-        log.restart(log.next_number())?;
+        if let Some(to) = copied {
+            log.copied_to(to);
+        }
+        log.persisted(log.next_number())?;
     }
     Ok((value, durable))
+}
+
+/// Writes into a durable commit what the log needs of it (see
+/// [`Wal::durable_marks`]): going round, the last record the store holds,
+/// where the next goes and where the chunks the log keeps start; when the
+/// log was `full`, a stretch of those chunks is copied into the store
+/// first, so that the records can go on. Not going round, a store that
+/// did clears those marks. Returns where copying reached, if it moved.
+fn durable_marks(tables: &mut WriteTxn<'_>, log: &Wal, full: bool) -> Result<Option<u64>> {
+    let copied = if full && log.is_ring() {
+        Some(copy_kept_chunks(tables, log, 2 * log.copy_ahead())?)
+    } else {
+        None
+    };
+    let meta = tables.meta.get()?;
+    match log.durable_marks() {
+        Some((applied, resume, tail)) => {
+            let tail = copied.unwrap_or(tail);
+            meta.insert(META_WAL_APPLIED, applied).map_err(storage)?;
+            meta.insert(META_WAL_RESUME, resume).map_err(storage)?;
+            meta.insert(META_WAL_TAIL, tail).map_err(storage)?;
+            meta.insert(META_WAL_CAPACITY, log.capacity())
+                .map_err(storage)?;
+        }
+        None => {
+            meta.remove(META_WAL_RESUME).map_err(storage)?;
+            meta.remove(META_WAL_TAIL).map_err(storage)?;
+            meta.remove(META_WAL_CAPACITY).map_err(storage)?;
+        }
+    }
+    Ok(copied)
+}
+
+/// Copies into `chunks` each chunk that a record within about `budget`
+/// bytes of where copying stopped keeps for the store (the chunk's value
+/// still says it is there, see [`InLog`]); returns where that ends.
+fn copy_kept_chunks(tables: &mut WriteTxn<'_>, log: &Wal, budget: u64) -> Result<u64> {
+    log.records_to_copy(budget, |record_at, body| {
+        for op in wal::ops(body) {
+            let Op::Chunk {
+                stream_id,
+                first_seq,
+                chunk,
+            } = op?
+            else {
+                continue;
+            };
+            let offset = wal::HEADER_LEN + (chunk.0.as_ptr() as usize - body.as_ptr() as usize);
+            let at = record_at + offset as u64;
+            let table = tables.chunks.get()?;
+            let kept_here = table
+                .get((stream_id, first_seq))
+                .map_err(storage)?
+                .and_then(|value| InLog::parse(value.value()))
+                .is_some_and(|r| r.at == at && r.len as usize == chunk.0.len());
+            if kept_here {
+                table
+                    .insert((stream_id, first_seq), chunk.0)
+                    .map_err(storage)?;
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Aborts a transaction that failed. Dropping it would abort it too;
@@ -1380,16 +1628,16 @@ fn abort(txn: WriteTransaction) {
 /// a full disk the store still opens, with everything acknowledged, and
 /// reads go on.)
 fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
+    let reader = log.reader();
     let mut txn = db.begin_write().map_err(storage)?;
     let replayed = {
-        let mut tables = tables(&txn, None);
-        let applied = tables
-            .meta
-            .get()?
-            .get(META_WAL_APPLIED)
-            .map_err(storage)?
-            .map_or(0, |v| v.value());
-        log.replay(applied, |_, body| {
+        let mut tables = tables(&txn, &reader, None);
+        let meta = tables.meta.get()?;
+        let mark = |key| meta.get(key).map(|v| v.map(|v| v.value())).map_err(storage);
+        let applied = mark(META_WAL_APPLIED)?.unwrap_or(0);
+        let resume = mark(META_WAL_RESUME)?;
+        let tail = mark(META_WAL_TAIL)?;
+        log.replay(applied, resume, |_, body| {
             for op in wal::ops(body) {
                 tables.apply(op?)?;
             }
@@ -1413,31 +1661,54 @@ fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
                     .insert(META_WAL_APPLIED, replayed.last)
                     .map_err(storage)?;
             }
-            Ok((applied, replayed))
+            Ok((applied, replayed, resume.map(|at| (at, tail.unwrap_or(at)))))
         })
     };
     match replayed {
-        Ok((applied, replayed)) if replayed.last > applied => {
-            txn.set_durability(Durability::None).map_err(storage)?;
-            commit(txn)?;
-            tracing::info!(
-                log = %log.path().display(),
-                records = replayed.last - applied,
-                "applied the log's commits the store did not hold"
-            );
-            log.resume(replayed);
+        Ok((applied, replayed, round)) => {
+            let held = replayed.last > applied;
+            if held {
+                txn.set_durability(Durability::None).map_err(storage)?;
+                commit(txn)?;
+                tracing::info!(
+                    log = %log.path().display(),
+                    records = replayed.last - applied,
+                    "applied the log's commits the store did not hold"
+                );
+            } else {
+                txn.abort().map_err(storage)?;
+            }
+            match round {
+                Some((resume, tail)) => log.resume_round(replayed, resume, tail, held),
+                None if held => log.resume(replayed),
+                None => log.restart(applied + 1)?,
+            }
             Ok(replayed.last - applied)
-        }
-        Ok((applied, _)) => {
-            txn.abort().map_err(storage)?;
-            log.restart(applied + 1)?;
-            Ok(0)
         }
         Err(e) => {
             abort(txn);
             Err(e)
         }
     }
+}
+
+/// The capacity of the log of the store in `db`, when it goes round.
+fn going_round_with(db: &Database, path: &Path) -> Result<Option<u64>> {
+    let corrupt = |e: redb::Error| Error::CorruptStore {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    };
+    let txn = db.begin_read().map_err(|e| corrupt(e.into()))?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(corrupt(e.into())),
+    };
+    let capacity = meta
+        .get(META_WAL_CAPACITY)
+        .map_err(|e| corrupt(e.into()))?
+        .map(|v| v.value());
+    Ok(capacity)
 }
 
 fn commit(txn: WriteTransaction) -> Result<()> {
@@ -1686,6 +1957,118 @@ fn chunk_len(chunk: &[u8]) -> std::result::Result<u32, postcard::Error> {
         .ok_or(postcard::Error::DeserializeUnexpectedEnd)
 }
 
+/// How many times a read starts again, on a newer snapshot, when the
+/// log's records went over chunks it kept while they were read (the store
+/// has copied them by then, so once is all it takes unless the log goes
+/// round again meanwhile).
+const MOVED_RETRIES: usize = 4;
+
+/// The value of a chunk whose bytes the log keeps (see [`crate::wal`],
+/// "Going round"): their position in the log, their length and CRC-32,
+/// and the chunk's frame count. Told from a chunk by its first four bytes,
+/// a frame count of zero, which no chunk has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct InLog {
+    at: u64,
+    len: u32,
+    crc: u32,
+    count: u32,
+}
+
+/// The bytes of an [`InLog`] value: zero, count, position, length, CRC.
+const IN_LOG_LEN: usize = 24;
+
+impl InLog {
+    /// Where `chunk`, kept in the log at `at`, is.
+    fn of(at: u64, chunk: &[u8]) -> Result<InLog> {
+        let count =
+            chunk_len(chunk).map_err(|e| Error::Storage(format!("a chunk built wrong: {e}")))?;
+        let len =
+            u32::try_from(chunk.len()).map_err(|_| Error::Storage("a chunk over 4 GiB".into()))?;
+        Ok(InLog {
+            at,
+            len,
+            crc: crc32fast::hash(chunk),
+            count,
+        })
+    }
+
+    fn parse(value: &[u8]) -> Option<InLog> {
+        if value.len() != IN_LOG_LEN || value[..COUNT_LEN] != [0; COUNT_LEN] {
+            return None;
+        }
+        let u32_at = |i: usize| {
+            value
+                .get(i..i + 4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_le_bytes)
+        };
+        let at = value
+            .get(12..20)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)?;
+        Some(InLog {
+            count: u32_at(4)?,
+            at,
+            len: u32_at(8)?,
+            crc: u32_at(20)?,
+        })
+    }
+
+    fn encode(&self) -> [u8; IN_LOG_LEN] {
+        let mut out = [0; IN_LOG_LEN];
+        out[4..8].copy_from_slice(&self.count.to_le_bytes());
+        out[8..12].copy_from_slice(&self.len.to_le_bytes());
+        out[12..20].copy_from_slice(&self.at.to_le_bytes());
+        out[20..24].copy_from_slice(&self.crc.to_le_bytes());
+        out
+    }
+}
+
+/// The bytes of the chunk stored as `value` (its first seq `first`, of
+/// `stream`): the value itself, or what the log keeps for it, read into
+/// `kept`. `None` when the log's records went over those bytes after this
+/// snapshot was taken: a newer one has them in the store.
+fn chunk_bytes<'b>(
+    value: &'b [u8],
+    log: &LogReader,
+    kept: &'b mut Vec<u8>,
+    stream: &str,
+    first: u64,
+) -> Result<Option<&'b [u8]>> {
+    let Some(in_log) = InLog::parse(value) else {
+        return Ok(Some(value));
+    };
+    if !log.read(in_log.at, in_log.len as usize, kept)? {
+        return Ok(None);
+    }
+    if crc32fast::hash(kept) != in_log.crc {
+        return Err(Error::Storage(format!(
+            "chunk {first} of stream {stream} is kept in the log {} at {}, but the bytes \
+             there fail their check: the log was damaged or replaced",
+            log.path().display(),
+            in_log.at
+        )));
+    }
+    Ok(Some(kept))
+}
+
+/// How many frames the chunk stored as `value` holds.
+fn stored_count(value: &[u8]) -> std::result::Result<u32, postcard::Error> {
+    match InLog::parse(value) {
+        Some(in_log) => Ok(in_log.count),
+        None => chunk_len(value),
+    }
+}
+
+/// The log went over a chunk the writer itself was reading: cannot happen
+/// (only the writer appends), so a bug, reported rather than worked round.
+fn self_moved(stream: &str) -> Error {
+    Error::Storage(format!(
+        "a chunk of stream {stream} kept in the log was written over while the writer read it"
+    ))
+}
+
 /// The chunk that holds the frames of `chunk` (whose first seq is `first`)
 /// from `from_seq` on.
 fn chunk_from(
@@ -1834,6 +2217,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::io::Read;
+    use std::os::unix::fs::FileExt;
 
     use super::*;
 
@@ -2203,27 +2587,308 @@ mod tests {
 
     #[test]
     fn a_log_that_does_not_join_the_store_is_refused() {
-        let (dir, store) = store();
+        let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.redb");
-        put(&store, 1, 2);
-        log_ack(&store, 1);
+        let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
         let crashed = tempfile::tempdir().unwrap();
-        let copy = crash_copy(&path, crashed.path(), true);
+        let copy = crash_copy(&path, crashed.path(), false);
         // The store from before the log began (say, restored from a
-        // backup) with a log numbered further on.
-        store.persist().unwrap();
-        log_ack(&store, 2);
-        store.persist().unwrap();
-        log_ack(&store, 3);
+        // backup) with a log that has since gone round: where its next
+        // record was due, a record numbered further on.
+        let mut seq = 1;
+        while seq < 3 * SMALL_LOG / 1024 {
+            logged_frames(&store, seq, seq + 9);
+            seq += 10;
+        }
+        store.close().unwrap();
         std::fs::copy(path.with_extension("wal"), copy.with_extension("wal")).unwrap();
-        let err = Store::open(&copy).unwrap_err();
+        let err = Store::open_with_log(&copy, SMALL_LOG).unwrap_err();
         let text = err.to_string();
         assert!(
             matches!(err, Error::CorruptStore { .. })
                 && text.contains("t.wal")
-                && text.contains("starts at record 3")
                 && text.contains("through 0"),
             "{text}"
+        );
+    }
+
+    /// A log small enough to go round every few dozen commits.
+    const SMALL_LOG: u64 = 128 * 1024;
+
+    /// A KiB of payload naming `seq`.
+    fn kib_payload(seq: u64) -> Bytes {
+        let mut payload = format!("frame {seq} ").into_bytes();
+        payload.resize(1024, b'.');
+        Bytes::from(payload)
+    }
+
+    /// Logs frames `from..=to` of stream 7 (a KiB each, see
+    /// [`kib_payload`]), then tends the log as the writer does between
+    /// batches: copies a step and persists when asked to.
+    fn logged_frames(store: &Store, from: u64, to: u64) {
+        store
+            .write_logged(
+                |txn| {
+                    for seq in from..=to {
+                        let f = Frame {
+                            ts_micros: seq,
+                            kind: FrameKind::Data,
+                            payload: kib_payload(seq),
+                        };
+                        txn.put_frame(7, seq, &f)?;
+                    }
+                    Ok(())
+                },
+                |_| {},
+            )
+            .unwrap();
+        if store.copy_from_log().unwrap() {
+            store.persist().unwrap();
+        }
+    }
+
+    /// Every frame of stream 7 ("s") from 1 to `last`, read back whole.
+    fn assert_all_frames(store: &Store, last: u64) {
+        let mut next = 1;
+        while next <= last {
+            let read = store
+                .read_frames(
+                    "s",
+                    next,
+                    ReadLimits {
+                        max_frames: 1000,
+                        max_bytes: usize::MAX,
+                        through_seq: last,
+                    },
+                )
+                .unwrap();
+            for (seq, f) in &read.frames {
+                assert_eq!(*seq, next);
+                assert_eq!(f.payload, kib_payload(next), "frame {next}");
+                next += 1;
+            }
+        }
+        assert_eq!(next, last + 1);
+    }
+
+    /// How many of stream 7's chunks the log keeps, and how many the store.
+    fn where_chunks_are(store: &Store) -> (usize, usize) {
+        let guard = store.handle().unwrap();
+        let txn = guard_db(&guard).unwrap().begin_read().unwrap();
+        let chunks = txn.open_table(CHUNKS).unwrap();
+        let mut counts = (0, 0);
+        for item in chunks.iter().unwrap() {
+            let (_, value) = item.unwrap();
+            match InLog::parse(value.value()) {
+                Some(_) => counts.0 += 1,
+                None => counts.1 += 1,
+            }
+        }
+        counts
+    }
+
+    #[test]
+    fn chunks_kept_in_the_log_stay_readable_as_it_goes_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+        assert!(store.wal().is_ring());
+        store
+            .write(|txn| {
+                txn.put_stream(
+                    "s",
+                    &StreamMeta {
+                        id: 7,
+                        first_seq: 1,
+                        last_seq: 0,
+                        frames: 0,
+                        bytes: 0,
+                        created_micros: 0,
+                    },
+                )
+            })
+            .unwrap();
+        let set_last = |last: u64| {
+            store
+                .write(|txn| {
+                    txn.put_stream(
+                        "s",
+                        &StreamMeta {
+                            id: 7,
+                            first_seq: 1,
+                            last_seq: last,
+                            frames: last,
+                            bytes: last * 1024,
+                            created_micros: 0,
+                        },
+                    )
+                })
+                .unwrap();
+        };
+        logged_frames(&store, 1, 10);
+        set_last(10);
+        // The commit's chunk is where its record is, not in the store.
+        assert_eq!(where_chunks_are(&store), (1, 0));
+        assert_all_frames(&store, 10);
+
+        // Four laps, crash copies taken along the way.
+        let mut last = 10;
+        let mut crashes = Vec::new();
+        while last < 4 * SMALL_LOG / 1024 {
+            logged_frames(&store, last + 1, last + 10);
+            last += 10;
+            if last % 70 == 0 {
+                let crashed = tempfile::tempdir().unwrap();
+                let copy = crash_copy(&path, crashed.path(), true);
+                crashes.push((crashed, copy, last));
+            }
+        }
+        set_last(last);
+        assert_all_frames(&store, last);
+        let (in_log, in_store) = where_chunks_are(&store);
+        assert!(
+            in_log > 0 && in_store > 0,
+            "{in_log} in the log, {in_store} copied"
+        );
+
+        // Each crash copy comes back with every frame it had logged (its
+        // stream's metadata says 10: the frames after it are read by seq).
+        for (_dir, copy, logged) in crashes {
+            let reopened = Store::open_with_log(&copy, SMALL_LOG).unwrap();
+            let ts: Vec<Option<u64>> = (1..=logged)
+                .map(|seq| reopened.frame_ts(7, seq).unwrap())
+                .collect();
+            let expected: Vec<Option<u64>> = (1..=logged).map(Some).collect();
+            assert_eq!(ts, expected, "crash copy after frame {logged}");
+        }
+        store.close().unwrap();
+        drop(store);
+        // Reopened after a clean close, and going on from there.
+        let reopened = Store::open_with_log(&path, SMALL_LOG).unwrap();
+        assert_all_frames(&reopened, last);
+        logged_frames(&reopened, last + 1, last + 10);
+        assert_eq!(reopened.frame_ts(7, last + 10).unwrap(), Some(last + 10));
+    }
+
+    /// Frames as values, running `first_take` once, at its first chunk.
+    struct Interrupted<'a> {
+        frames: Vec<(u64, Frame)>,
+        first_take: Option<Box<dyn FnOnce() + 'a>>,
+    }
+
+    impl FrameSink for Interrupted<'_> {
+        fn take(&mut self, chunk: &[u8], frames: &[StoredFrame]) -> Result<()> {
+            if let Some(run) = self.first_take.take() {
+                run();
+            }
+            self.frames.take(chunk, frames)
+        }
+    }
+
+    #[test]
+    fn a_read_whose_chunks_the_log_went_over_meanwhile_reads_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with_log(&dir.path().join("t.redb"), SMALL_LOG).unwrap();
+        store
+            .write(|txn| {
+                txn.put_stream(
+                    "s",
+                    &StreamMeta {
+                        id: 7,
+                        first_seq: 1,
+                        last_seq: 20,
+                        frames: 20,
+                        bytes: 20 * 1024,
+                        created_micros: 0,
+                    },
+                )
+            })
+            .unwrap();
+        logged_frames(&store, 1, 10);
+        logged_frames(&store, 11, 20);
+        assert_eq!(where_chunks_are(&store), (2, 0));
+        // While the first attempt holds its snapshot (both chunks in the
+        // log) and has taken the first chunk, the log goes round past the
+        // second: the store copies it, and the records go over it.
+        let attempts = std::cell::Cell::new(0);
+        let read = store
+            .read_frames_into(
+                "s",
+                1,
+                ReadLimits {
+                    max_frames: 100,
+                    max_bytes: usize::MAX,
+                    through_seq: 20,
+                },
+                || {
+                    attempts.set(attempts.get() + 1);
+                    let go_round = || {
+                        let mut seq = 21;
+                        while seq < 21 + 2 * SMALL_LOG / 1024 {
+                            logged_frames(&store, seq, seq + 9);
+                            seq += 10;
+                        }
+                    };
+                    Interrupted {
+                        frames: Vec::new(),
+                        first_take: (attempts.get() == 1)
+                            .then(|| Box::new(go_round) as Box<dyn FnOnce()>),
+                    }
+                },
+            )
+            .unwrap();
+        assert_eq!(attempts.get(), 2);
+        let seqs: Vec<u64> = read.frames.frames.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, (1..=20).collect::<Vec<_>>());
+        for (seq, f) in &read.frames.frames {
+            assert_eq!(f.payload, kib_payload(*seq));
+        }
+    }
+
+    #[test]
+    fn compaction_cuts_a_chunk_the_log_keeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with_log(&dir.path().join("t.redb"), SMALL_LOG).unwrap();
+        logged_frames(&store, 1, 10);
+        assert_eq!(where_chunks_are(&store), (1, 0));
+        let (deleted, _) = store
+            .write_logged(
+                |txn| txn.delete_prefix(7, 1, 10, |info| info.seq < 4),
+                |_| {},
+            )
+            .unwrap();
+        assert_eq!(deleted.frames, 3);
+        // The rest was rewritten into the store, starting at seq 4.
+        assert_eq!(where_chunks_are(&store), (0, 1));
+        let ts: Vec<Option<u64>> = (1..=10)
+            .map(|seq| store.frame_ts(7, seq).unwrap())
+            .collect();
+        assert_eq!(ts, ts_of_only(4..=10));
+    }
+
+    #[test]
+    fn a_chunk_whose_bytes_in_the_log_were_damaged_is_an_error_naming_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+        logged_frames(&store, 1, 10);
+        store.persist().unwrap();
+        let at = {
+            let guard = store.handle().unwrap();
+            let txn = guard_db(&guard).unwrap().begin_read().unwrap();
+            let chunks = txn.open_table(CHUNKS).unwrap();
+            let value = chunks.get((7, 1)).unwrap().unwrap();
+            InLog::parse(value.value()).unwrap().at
+        };
+        let log = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path.with_extension("wal"))
+            .unwrap();
+        log.write_all_at(b"XX", at % SMALL_LOG + 100).unwrap();
+        let err = store.frame_ts(7, 3).unwrap_err().to_string();
+        assert!(
+            err.contains("t.wal") && err.contains("fail their check"),
+            "{err}"
         );
     }
 

@@ -11,7 +11,7 @@
 //! transaction's work published or acknowledged. Every so often redb is
 //! made durable itself (a *persist*: when the log is full, when the writer
 //! is idle, on close, and for any transaction the log cannot describe);
-//! after that the log starts again from its beginning.
+//! after that no record is needed for a replay.
 //!
 //! # Records
 //!
@@ -34,6 +34,45 @@
 //! first record must be at most one above the
 //! stored number: if it is further on, records are missing, and the store
 //! is refused as corrupt rather than opened with a hole.
+//!
+//! # Going round
+//!
+//! A log whose file was filled to its capacity when the store opened
+//! ([`Wal::prepare`]; not where free space is short) goes round that
+//! file, and keeps the frames of its records for the store: a logged
+//! transaction stores in redb, for each chunk, only where the record put
+//! its bytes (the store's `InLog` value: position, length, CRC-32), so
+//! that a frame is written once, into the log, rather than also into
+//! redb's pages (which cost W1's writer about a third of its time, most
+//! of it the kernel taking fresh pages for a growing file).
+//!
+//! Positions count every lap (the byte at position `p` is at `p %
+//! capacity` in the file), so a position is never reused and a chunk's
+//! value names one place in one lap. A record that would pass the file's
+//! end goes to its start, a lap on. Records never go more than a lap
+//! ahead of the *tail*, the oldest position a chunk value may name as the
+//! store holds durably. As the records come within [`COPY_AHEAD`] of a lap
+//! ahead of where copying stopped, the writer copies, between batches, a
+//! step of the chunks kept in the records there into redb (each one only
+//! if its value still names that very place: compacted or rewritten ones
+//! are skipped), committed without durability; as they come within
+//! [`PERSIST_AHEAD`], it persists, and the tail moves up to where copying
+//! reached. A full log still takes a commit, durably, copying a stretch
+//! of chunks in the same transaction.
+//!
+//! A durable commit stores the *marks*: the last record it holds, where
+//! the next one goes, and the tail. A replay starts where the next record
+//! went, or at the file's start a lap on, and needs exactly the record
+//! due there: an older one is the log's end, a newer one a hole. A store
+//! that changes between going round and not (free space) is persisted on
+//! opening, so that its marks always say how its log was written.
+//!
+//! Readers take a snapshot of redb and then read the log without its
+//! lock, so the records may go over a chunk while it is read: the writer
+//! raises the *head* (the end of the record it is writing) before writing
+//! and a reader checks it after reading ([`LogReader::read`]); a chunk
+//! the head has since passed a lap beyond is read again from a newer
+//! snapshot, in which the store has it.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -48,11 +87,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
-/// The log's size: a persist starts it again from its beginning before a
-/// record would go past it. A persist stalls the writer for a few ms (W1's
-/// p99 was 2.2–2.8 ms with 64 MiB, four persists per million 256-byte
-/// frames, and 1.6–2.0 ms with 256 MiB, one); a replay after a crash
-/// reads at most this much (800k frames replayed and served in 0.5 s).
+/// The log's size: where it goes round, or (not going round) where a
+/// persist starts it again from its beginning. A persist stalls the
+/// writer for a few ms (W1's p99 was 2.2–2.8 ms with 64 MiB, four
+/// persists per million 256-byte frames, and 1.6–2.0 ms with 256 MiB,
+/// one); a replay after a crash reads at most this much (800k frames
+/// replayed and served in 0.5 s), and a burst of frames up to about
+/// this much is written once.
 pub const DEFAULT_CAPACITY: u64 = 256 * 1024 * 1024;
 
 /// Bytes before a record's body: length, checksum, number.
@@ -69,6 +110,22 @@ const ZERO_STEP: u64 = 1024 * 1024;
 /// Free space, in log capacities, from which the log keeps its file when
 /// it starts again (see [`Wal::restart`]).
 const KEEP_FILE_FREE: u64 = 4;
+
+/// Going round: how far ahead of the records the chunks kept in the log
+/// are copied into the store, at most (a sixteenth of a smaller log).
+/// Small, so that a burst shorter than a lap less this is written once
+/// (W1's million frames are about a lap); big enough for the copying to
+/// keep ahead in steps between group commits.
+const COPY_AHEAD: u64 = 16 * 1024 * 1024;
+
+/// Going round: the records copied from in one step beyond what brings
+/// the copying back ahead (at most; a sixty-fourth of a smaller log).
+const COPY_STEP: u64 = 1024 * 1024;
+
+/// Going round: how near the records may come to chunks copied but not
+/// yet durably before the writer persists the store (at most; a
+/// thirty-second of a smaller log).
+const PERSIST_AHEAD: u64 = 8 * 1024 * 1024;
 
 /// What [`ZERO_STEP`] is written from, a piece at a time.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
@@ -288,6 +345,51 @@ impl SyncHandle {
     }
 }
 
+/// Reads chunks the log keeps for the store (see "Going round" in the
+/// module docs), from any thread.
+#[derive(Clone, Debug)]
+pub struct LogReader {
+    file: Arc<File>,
+    path: Arc<PathBuf>,
+    capacity: u64,
+    head: Arc<AtomicU64>,
+}
+
+impl LogReader {
+    /// Reads the `len` bytes kept at position `at` into `buf`. Returns
+    /// false when the records may since have gone over them: the store
+    /// had copied them by then, and a read of a newer snapshot finds them
+    /// there. (The writer raises the head before it writes, and this
+    /// looks at it after reading, like a sequence lock.)
+    pub fn read(&self, at: u64, len: usize, buf: &mut Vec<u8>) -> Result<bool> {
+        let physical = at % self.capacity;
+        if physical + len as u64 > self.capacity {
+            return Err(Error::Storage(format!(
+                "a chunk kept in the log {} at {at} ({len} bytes) would pass its end",
+                self.path.display()
+            )));
+        }
+        buf.clear();
+        buf.resize(len, 0);
+        self.file.read_exact_at(buf, physical).map_err(|e| {
+            Error::io(
+                format!(
+                    "cannot read a chunk kept in the log {}",
+                    self.path.display()
+                ),
+                e,
+            )
+        })?;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(self.head.load(Ordering::SeqCst) <= at + self.capacity)
+    }
+
+    /// The log file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 /// The log file, open for appending records.
 #[derive(Debug)]
 pub struct Wal {
@@ -308,6 +410,20 @@ pub struct Wal {
     /// The last record's buffer, kept for the next: a record is often
     /// hundreds of KiB, and growing a fresh one each time cost page faults.
     spare: Option<RecordBuf>,
+    /// Whether the log goes round its file and keeps chunks for the store
+    /// (see "Going round" in the module docs); decided by [`Wal::prepare`].
+    ring: bool,
+    /// Going round: the oldest position a chunk kept in the log may have,
+    /// as the store holds durably. Records go no further than a lap ahead.
+    tail: u64,
+    /// Going round: how far the chunks kept in the log have been copied
+    /// into the store, durably or not (at or after `tail`).
+    copied: u64,
+    /// Going round: where the store's replay starts, as it holds durably.
+    resume_at: u64,
+    /// The end of the last record whose writing began, for readers of
+    /// chunks kept in the log (see [`LogReader::read`]).
+    head: Arc<AtomicU64>,
 }
 
 impl Wal {
@@ -336,7 +452,32 @@ impl Wal {
             holding_since: None,
             written: Arc::new(AtomicU64::new(0)),
             spare: None,
+            ring: false,
+            tail: 0,
+            copied: 0,
+            resume_at: 0,
+            head: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// The log's size: where it goes round.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Reads chunks kept in the log, from any thread.
+    pub fn reader(&self) -> LogReader {
+        LogReader {
+            file: self.file.clone(),
+            path: self.path.clone(),
+            capacity: self.capacity,
+            head: self.head.clone(),
+        }
+    }
+
+    /// Whether the log goes round its file, keeping chunks for the store.
+    pub fn is_ring(&self) -> bool {
+        self.ring
     }
 
     /// The log file.
@@ -445,15 +586,19 @@ impl Wal {
     /// new store's first pass through the log write every byte twice (W1
     /// on a new store, four alternated pairs: e2e p99 1.6–2.1 against
     /// 2.5–3.4 ms, and a higher rate in three).
+    ///
+    /// A log whose file is then its whole capacity goes round it (see
+    /// "Going round" in the module docs) for as long as it is open.
     pub fn prepare(&mut self) -> Result<()> {
-        if self.filled >= self.capacity || !self.space_to_spare() {
-            return Ok(());
+        if self.filled < self.capacity && self.space_to_spare() {
+            let capacity = self.capacity;
+            self.fill_to(capacity)?;
+            self.file.sync_data().map_err(|e| {
+                Error::io(format!("cannot prepare the log {}", self.path.display()), e)
+            })?;
         }
-        let capacity = self.capacity;
-        self.fill_to(capacity)?;
-        self.file
-            .sync_data()
-            .map_err(|e| Error::io(format!("cannot prepare the log {}", self.path.display()), e))
+        self.ring = self.filled >= self.capacity;
+        Ok(())
     }
 
     /// Whether the filesystem has room enough that the log may keep its
@@ -482,29 +627,175 @@ impl Wal {
         self.pos = replayed.end;
         self.next_number = replayed.last + 1;
         self.holding_since = Some(Instant::now());
+        self.head.fetch_max(self.pos, Ordering::SeqCst);
     }
 
-    /// Whether a record of `len` bytes fits before the end of the log.
+    /// Going round: goes on after a replay from `resume_at` (the store's
+    /// durable mark), with chunks kept in the log from `tail` on. `held`:
+    /// the replay applied records, which the store does not hold durably.
+    pub fn resume_round(&mut self, replayed: Replayed, resume_at: u64, tail: u64, held: bool) {
+        self.pos = replayed.end;
+        self.next_number = replayed.last + 1;
+        self.resume_at = resume_at;
+        self.tail = tail.min(resume_at);
+        self.copied = self.tail;
+        self.holding_since = held.then(Instant::now);
+        self.head.fetch_max(self.pos, Ordering::SeqCst);
+    }
+
+    /// Going round from here on, for a store that did not: no chunk is
+    /// kept in the log yet, and the next persist stores where it is.
+    pub fn start_round_here(&mut self) {
+        self.tail = self.pos;
+        self.copied = self.pos;
+        self.resume_at = self.pos;
+    }
+
+    /// Going round: what a durable commit of the store records, (the last
+    /// record it holds, where a replay starts, the oldest chunk the log
+    /// keeps for it); `None` when not going round.
+    pub fn durable_marks(&self) -> Option<(u64, u64, u64)> {
+        self.ring
+            .then(|| (self.next_number - 1, self.pos, self.copied))
+    }
+
+    /// After a durable commit of the store (which stored
+    /// [`Wal::durable_marks`]): no record is needed for a replay any more.
+    /// Going round, the log goes on where it is, and the chunks copied
+    /// into the store no longer hold the records back; otherwise it starts
+    /// again (see [`Wal::restart`]).
+    pub fn persisted(&mut self, next_number: u64) -> Result<()> {
+        if !self.ring {
+            return self.restart(next_number);
+        }
+        self.tail = self.copied;
+        self.resume_at = self.pos;
+        self.holding_since = None;
+        Ok(())
+    }
+
+    /// After the store was reopened without what it had not committed
+    /// durably: chunks copied since the last persist are the log's again.
+    pub fn forget_copies(&mut self) {
+        self.copied = self.tail;
+    }
+
+    /// Going round: whether chunks kept in the log should now be copied
+    /// into the store, so that the records can go on.
+    pub fn wants_copying(&self) -> bool {
+        self.ring && self.pos + self.copy_ahead() > self.copied + self.capacity
+    }
+
+    /// [`COPY_AHEAD`] for this log's capacity.
+    pub fn copy_ahead(&self) -> u64 {
+        COPY_AHEAD.min(self.capacity / 16)
+    }
+
+    /// Going round: how many bytes of records to copy chunks from now (0
+    /// for none): what brings the copying back [`COPY_AHEAD`] ahead of
+    /// the records, and a step more.
+    pub fn copy_budget(&self) -> u64 {
+        if !self.wants_copying() {
+            return 0;
+        }
+        (self.pos + self.copy_ahead()) - (self.copied + self.capacity)
+            + COPY_STEP.min(self.capacity / 64)
+    }
+
+    /// Going round: whether a persist would let the records go on further,
+    /// and they are getting near the chunks the log still keeps.
+    pub fn wants_persist(&self) -> bool {
+        self.ring
+            && self.copied > self.tail
+            && self.pos + PERSIST_AHEAD.min(self.capacity / 32) > self.tail + self.capacity
+    }
+
+    /// Shows `each` the records from where copying stopped on, as (their
+    /// position, body), about `budget` bytes of them (never past the last
+    /// record appended), and returns where that ends: the caller copies
+    /// the chunks they keep for the store and then calls
+    /// [`Wal::copied_to`]. A position with no record is the end of its
+    /// lap: the next record went to the file's start.
+    pub fn records_to_copy(
+        &self,
+        budget: u64,
+        mut each: impl FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<u64> {
+        let mut at = self.copied;
+        let stop = self.copied.saturating_add(budget).min(self.pos);
+        let mut body = Vec::new();
+        while at < stop {
+            let physical = at % self.capacity;
+            match self.read_record(physical, &mut body)? {
+                Record::Valid { end, .. } => {
+                    each(at, &body)?;
+                    at += end - physical;
+                }
+                Record::Damaged { .. } | Record::None => {
+                    at = (at - physical + self.capacity).min(self.pos);
+                }
+            }
+        }
+        Ok(at)
+    }
+
+    /// Chunks kept in records before `at` are in the store now (not yet
+    /// durably: [`Wal::persisted`] lets the records go over them).
+    pub fn copied_to(&mut self, at: u64) {
+        self.copied = self.copied.max(at);
+    }
+
+    /// Whether a record of `len` bytes can be appended now.
     pub fn fits(&self, len: usize) -> bool {
-        self.pos + len as u64 <= self.capacity
+        self.place(len as u64).is_some()
     }
 
-    /// Appends `record` as the next numbered record (not synced). Returns
-    /// its ticket. The caller checked [`Wal::fits`]. A record that fails
-    /// to be written still uses up its number, which the transaction it
-    /// describes stores when it is committed durably instead.
+    /// Where a record of `len` bytes would start if appended now: after
+    /// the last one, or, going round, at the start of the file's next lap
+    /// when it does not fit before the file's end; `None` when the log
+    /// has no room for it (before its end, or, going round, a lap ahead
+    /// of the chunks it still keeps for the store).
+    pub fn place(&self, len: u64) -> Option<u64> {
+        if !self.ring {
+            return (self.pos + len <= self.capacity).then_some(self.pos);
+        }
+        let offset = self.pos % self.capacity;
+        let start = if offset + len <= self.capacity {
+            self.pos
+        } else {
+            self.pos - offset + self.capacity
+        };
+        (start + len <= self.tail + self.capacity).then_some(start)
+    }
+
+    /// Appends `record` as the next numbered record (not synced), at
+    /// [`Wal::place`]. Returns its ticket. The caller checked
+    /// [`Wal::fits`]. A record that fails to be written still uses up its
+    /// number, which the transaction it describes stores when it is
+    /// committed durably instead.
     pub fn append(&mut self, record: &mut RecordBuf) -> Result<u64> {
         let number = self.next_number;
         self.next_number += 1;
         let len = record.len() as u64;
-        if self.pos + len > self.filled {
-            self.fill_to(self.pos + len)?;
+        let start = self
+            .place(len)
+            .ok_or_else(|| Error::Storage("a log record with no room left in the log".into()))?;
+        if !self.ring && start + len > self.filled {
+            self.fill_to(start + len)?;
         }
         let bytes = record.seal(number)?;
+        // Before the bytes change: a reader of a chunk kept there checks
+        // this after reading (see `LogReader::read`).
+        self.head.fetch_max(start + len, Ordering::SeqCst);
+        let physical = if self.ring {
+            start % self.capacity
+        } else {
+            start
+        };
         self.file
-            .write_all_at(bytes, self.pos)
+            .write_all_at(bytes, physical)
             .map_err(|e| self.write_error(&e))?;
-        self.pos += len;
+        self.pos = start + len;
         self.holding_since.get_or_insert_with(Instant::now);
         Ok(self.written.fetch_add(len, Ordering::AcqRel) + len)
     }
@@ -533,25 +824,52 @@ impl Wal {
     }
 
     /// Shows `apply` the body of each record numbered above `applied`, in
-    /// order (see the module docs for where the log ends).
+    /// order (see the module docs for where the log ends). `from`: going
+    /// round, where the store's durable mark says the record after
+    /// `applied` went (it must be there, or at the start of the file's
+    /// next lap); `None` reads from the file's start, skipping records the
+    /// store holds.
     pub fn replay(
         &self,
         applied: u64,
+        from: Option<u64>,
         mut apply: impl FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<Replayed> {
-        let mut pos = 0u64;
+        let round = from.is_some();
+        let mut pos = from.unwrap_or(0);
         let mut last: Option<u64> = None;
         let mut body = Vec::new();
+        let mut next_lap = Vec::new();
         let mut stopped_before = None;
         loop {
-            let (number, end) = match self.read_record(pos, &mut body)? {
-                Record::Valid { number, .. } if last.is_some_and(|l| number != l + 1) => break,
+            let due = last.map_or(applied + 1, |l| l + 1);
+            let mut physical = if round { pos % self.capacity } else { pos };
+            let mut found = self.read_record(physical, &mut body)?;
+            if round
+                && physical != 0
+                && !matches!(found, Record::Valid { number, .. } if number == due)
+            {
+                // A record that did not fit before the file's end went to
+                // its start.
+                if let Record::Valid { number, end } = self.read_record(0, &mut next_lap)? {
+                    if number == due {
+                        pos = pos - physical + self.capacity;
+                        physical = 0;
+                        found = Record::Valid { number, end };
+                        std::mem::swap(&mut body, &mut next_lap);
+                    }
+                }
+            }
+            let (number, end) = match found {
+                Record::Valid { number, .. } if last.is_some() && number != due => break,
+                // Going round, an older record where the next was due is
+                // the log's end.
+                Record::Valid { number, .. } if round && number < due => break,
                 Record::Valid { number, end } => (number, end),
                 Record::Damaged { number, end } => {
                     // Reported only when it was the record due and the
                     // next one follows it: otherwise it is the log's end.
-                    let due = number == last.map_or(applied + 1, |l| l + 1);
-                    if due
+                    if number == due
                         && matches!(self.read_record(end, &mut body)?,
                             Record::Valid { number: next, .. } if next == number + 1)
                     {
@@ -574,7 +892,7 @@ impl Wal {
                 apply(number, &body)?;
             }
             last = Some(number);
-            pos = end;
+            pos += end - physical;
         }
         Ok(Replayed {
             last: last.map_or(applied, |l| l.max(applied)),
@@ -640,7 +958,7 @@ mod tests {
 
     fn read_all(wal: &Wal, applied: u64) -> Result<(u64, Vec<(u64, usize)>)> {
         let mut seen = Vec::new();
-        let replayed = wal.replay(applied, |n, body| {
+        let replayed = wal.replay(applied, None, |n, body| {
             seen.push((n, ops(body).count()));
             Ok(())
         })?;
@@ -774,7 +1092,7 @@ mod tests {
         let (_dir, path, mut wal) = five_records();
         wal.restart(6).unwrap();
         let reopened = Wal::open(&path, 1 << 20).unwrap();
-        let replayed = reopened.replay(5, |_, _| Ok(())).unwrap();
+        let replayed = reopened.replay(5, None, |_, _| Ok(())).unwrap();
         assert_eq!(
             replayed,
             Replayed {
@@ -787,7 +1105,7 @@ mod tests {
 
     /// Flips one byte of the body of the `index`th of [`five_records`].
     fn damage_record(path: &Path, wal: &Wal, index: u64) -> u64 {
-        let all = wal.replay(0, |_, _| Ok(())).unwrap();
+        let all = wal.replay(0, None, |_, _| Ok(())).unwrap();
         assert_eq!(all.last, 5);
         let at = all.end / 5 * index;
         let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
@@ -800,7 +1118,7 @@ mod tests {
     fn a_damaged_record_with_a_good_one_after_it_is_reported() {
         let (_dir, path, wal) = five_records();
         let at = damage_record(&path, &wal, 2);
-        let replayed = wal.replay(0, |_, _| Ok(())).unwrap();
+        let replayed = wal.replay(0, None, |_, _| Ok(())).unwrap();
         assert_eq!(replayed.last, 2);
         assert_eq!(replayed.end, at);
         assert_eq!(replayed.stopped_before, Some((3, at)));
@@ -810,7 +1128,7 @@ mod tests {
     fn a_damaged_last_record_is_a_torn_tail_and_not_reported() {
         let (_dir, path, wal) = five_records();
         let at = damage_record(&path, &wal, 4);
-        let replayed = wal.replay(0, |_, _| Ok(())).unwrap();
+        let replayed = wal.replay(0, None, |_, _| Ok(())).unwrap();
         assert_eq!(
             replayed,
             Replayed {
@@ -845,5 +1163,99 @@ mod tests {
         file.set_len(0).unwrap();
         file.set_len(4096).unwrap();
         assert_eq!(read_all(&wal, 5).unwrap(), (5, vec![]));
+    }
+
+    /// A log of 64 KiB going round, prepared as a store opens it.
+    fn small_ring() -> (tempfile::TempDir, Wal) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(&dir.path().join("t.wal"), 64 * 1024).unwrap();
+        wal.prepare().unwrap();
+        assert!(wal.is_ring(), "a temporary directory has room to spare");
+        wal.start_round_here();
+        (dir, wal)
+    }
+
+    /// A record of one chunk of `len` bytes, each `byte`.
+    fn sized(len: usize, byte: u8) -> RecordBuf {
+        let bytes = vec![byte; len];
+        record(&[chunk(1, u64::from(byte), &bytes)])
+    }
+
+    #[test]
+    fn going_round_a_record_that_does_not_fit_goes_to_the_files_start() {
+        let (_dir, mut wal) = small_ring();
+        let mut starts = Vec::new();
+        for byte in 1..=3 {
+            let mut r = sized(20 * 1024, byte);
+            starts.push(wal.place(r.len() as u64).unwrap());
+            wal.append(&mut r).unwrap();
+        }
+        let len = starts[1];
+        assert_eq!(starts, vec![0, len, 2 * len]);
+        // The fourth would pass the file's end: it goes to its start, a
+        // lap on, but only once the chunks the log keeps there are copied.
+        assert_eq!(wal.place(len), None);
+        let mut seen = Vec::new();
+        let to = wal
+            .records_to_copy(len, |at, body| {
+                seen.push((at, ops(body).count()));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!((seen, to), (vec![(0, 1)], len));
+        wal.copied_to(to);
+        assert_eq!(wal.place(len), None, "copied, but not yet durably");
+        assert_eq!(wal.durable_marks(), Some((3, 3 * len, len)));
+        wal.persisted(4).unwrap();
+        assert_eq!(wal.place(len), Some(64 * 1024));
+        wal.append(&mut sized(20 * 1024, 4)).unwrap();
+
+        // A replay from the second record finds the fourth at the start.
+        let mut replayed = Vec::new();
+        let end = wal
+            .replay(1, Some(len), |n, body| {
+                let Ok(Op::Chunk { first_seq, .. }) = ops(body).next().unwrap() else {
+                    panic!("not a chunk");
+                };
+                replayed.push((n, first_seq));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(replayed, vec![(2, 2), (3, 3), (4, 4)]);
+        assert_eq!(end.last, 4);
+        assert_eq!(end.end, 64 * 1024 + len);
+        // Copying goes on past the third record's lap end to the fourth.
+        let mut seen = Vec::new();
+        wal.copied_to(len);
+        let to = wal
+            .records_to_copy(u64::MAX, |at, _| {
+                seen.push(at);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, vec![len, 2 * len, 64 * 1024]);
+        assert_eq!(to, 64 * 1024 + len);
+    }
+
+    #[test]
+    fn a_reader_is_told_when_the_records_went_over_what_it_read() {
+        let (_dir, mut wal) = small_ring();
+        let reader = wal.reader();
+        wal.append(&mut sized(1000, 9)).unwrap();
+        let mut buf = Vec::new();
+        assert!(reader.read(100, 10, &mut buf).unwrap());
+        assert_eq!(buf, vec![9; 10]);
+        // Records a lap on, over the same bytes.
+        let mut at = wal.pos;
+        while at < 64 * 1024 + 200 {
+            wal.copied_to(wal.pos);
+            wal.persisted(wal.next_number()).unwrap();
+            wal.append(&mut sized(1000, 8)).unwrap();
+            at = wal.pos;
+        }
+        assert!(!reader.read(100, 10, &mut buf).unwrap());
+        // A read past the file's end is refused, naming the log.
+        let err = reader.read(64 * 1024 - 5, 10, &mut buf).unwrap_err();
+        assert!(err.to_string().contains("t.wal"), "{err}");
     }
 }

@@ -35,17 +35,33 @@ pub struct Daemon {
     log_dir: PathBuf,
     child: Option<Child>,
     incarnations: u32,
+    /// Variables set for every incarnation.
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
     /// Starts a daemon and waits until it answers a `Status` request.
     pub fn start(socket: &Path, state_dir: &Path, log_dir: &Path) -> Self {
+        Self::start_with_env(socket, state_dir, log_dir, &[])
+    }
+
+    /// [`Daemon::start`] with `env` set for it and every restart.
+    pub fn start_with_env(
+        socket: &Path,
+        state_dir: &Path,
+        log_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut daemon = Self {
             socket: socket.to_owned(),
             state_dir: state_dir.to_owned(),
             log_dir: log_dir.to_owned(),
             child: None,
             incarnations: 0,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
         daemon.spawn_and_wait();
         daemon
@@ -129,7 +145,9 @@ impl Daemon {
         let log = File::create(&log_path)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", log_path.display()));
         let mut cmd = command(&self.socket, &self.state_dir);
-        cmd.stdout(Stdio::null()).stderr(log);
+        cmd.stdout(Stdio::null())
+            .stderr(log)
+            .envs(self.env.iter().cloned());
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot spawn tetherd: {e}"));

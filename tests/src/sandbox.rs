@@ -68,6 +68,11 @@ impl Sandbox {
         Daemon::start(&self.socket(), &self.state_dir(), self.path())
     }
 
+    /// A daemon with `env` set for it (and its restarts).
+    pub fn start_daemon_with_env(&self, env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_with_env(&self.socket(), &self.state_dir(), self.path(), env)
+    }
+
     /// `tether --socket S --connect-timeout 20s ARGS...`.
     pub fn tether(&self, args: &[&str]) -> Command {
         self.tether_with_timeout(CONNECT_TIMEOUT, args)

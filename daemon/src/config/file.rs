@@ -10,7 +10,8 @@
 //! `TETHER_MAX_CONNECTIONS`, `TETHER_SOCKET_MODE`, `TETHER_SOCKET_GROUP`,
 //! `TETHER_READERS_GROUP`,
 //! `TETHER_RETENTION_MAX_FRAMES`, `TETHER_RETENTION_MAX_BYTES`,
-//! `TETHER_RETENTION_MAX_AGE` (seconds) and `TETHER_MAX_RESTARTS`.
+//! `TETHER_RETENTION_MAX_AGE` (seconds), `TETHER_MAX_RESTARTS` and
+//! `TETHER_LOG_CAPACITY`.
 //! `TETHER_CONFIG` names the file itself.
 
 use std::path::{Path, PathBuf};
@@ -24,6 +25,9 @@ use crate::{Error, Result};
 
 /// The config file's name inside the config directory.
 pub const FILE_NAME: &str = "tetherd.toml";
+
+/// The smallest accepted `log_capacity`: a few records of a small batch.
+const MIN_LOG_CAPACITY: u64 = 64 * 1024;
 
 /// The smallest accepted `max_frame_len`: a frame must at least hold a
 /// request envelope and a short payload.
@@ -108,6 +112,9 @@ pub struct FileConfig {
     pub max_frame_len: Option<u64>,
     /// Connections served at once.
     pub max_connections: Option<u64>,
+    /// The write-ahead log's size in bytes, for a store whose log does not
+    /// go round yet.
+    pub log_capacity: Option<u64>,
     /// The socket the daemon binds itself.
     #[serde(default)]
     pub socket: SocketSection,
@@ -182,6 +189,9 @@ impl FileConfig {
         if let Some(n) = self.max_connections {
             check_connections("max_connections", n)?;
         }
+        if let Some(n) = self.log_capacity {
+            check_log_capacity("log_capacity", n)?;
+        }
         if let Some(mode) = self.socket.mode {
             check_mode("socket.mode", mode)?;
         }
@@ -206,6 +216,9 @@ impl Config {
         }
         if let Some(n) = file.max_connections {
             self.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = file.log_capacity {
+            self.log_capacity = n;
         }
         if let Some(mode) = file.socket.mode {
             self.socket_mode = mode;
@@ -280,6 +293,11 @@ impl Config {
             let secs = number("TETHER_RETENTION_MAX_AGE", &v)?;
             self.retention.max_age = (secs > 0).then(|| Duration::from_secs(secs));
         }
+        if let Some(v) = get("TETHER_LOG_CAPACITY") {
+            let n = number("TETHER_LOG_CAPACITY", &v)?;
+            check_log_capacity("TETHER_LOG_CAPACITY", n).map_err(bad)?;
+            self.log_capacity = n;
+        }
         if let Some(v) = get("TETHER_MAX_RESTARTS") {
             let n = number("TETHER_MAX_RESTARTS", &v)?;
             let n = u32::try_from(n)
@@ -314,6 +332,7 @@ impl Config {
             self.default_max_restarts != new.default_max_restarts,
         );
         differs("shim", self.shim != new.shim);
+        differs("log_capacity", self.log_capacity != new.log_capacity);
         differs(
             "checkpoint_keep",
             self.checkpoint_keep != new.checkpoint_keep,
@@ -358,6 +377,15 @@ fn check_frame_len(key: &str, n: u64) -> std::result::Result<(), String> {
             "{key}: {n} is out of range ({MIN_FRAME_LEN} to {MAX_FRAME_LEN} bytes)"
         ))
     }
+}
+
+fn check_log_capacity(key: &str, n: u64) -> std::result::Result<(), String> {
+    if n < MIN_LOG_CAPACITY {
+        return Err(format!(
+            "{key} = {n}: the log needs at least {MIN_LOG_CAPACITY} bytes"
+        ));
+    }
+    Ok(())
 }
 
 fn check_connections(key: &str, n: u64) -> std::result::Result<(), String> {
@@ -426,6 +454,7 @@ mod tests {
             log_level = "debug"
             max_frame_len = 65536
             max_connections = 10
+            log_capacity = 1048576
             [socket]
             mode = 0o660
             group = "tether"
@@ -452,6 +481,7 @@ mod tests {
         assert_eq!(config.retention.max_bytes, None, "0 means no limit");
         assert_eq!(config.retention.max_age, Some(Duration::from_secs(60)));
         assert_eq!(config.default_max_restarts, Some(5));
+        assert_eq!(config.log_capacity, 1024 * 1024);
     }
 
     #[test]
@@ -479,6 +509,11 @@ mod tests {
         assert!(err.contains("max_connections"), "{err}");
         let err = parse("[socket]\nmode = 660\n").unwrap_err().to_string();
         assert!(err.contains("socket.mode"), "{err}");
+        let err = parse("log_capacity = 4096\n").unwrap_err().to_string();
+        assert!(
+            err.contains("log_capacity = 4096") && err.contains("65536"),
+            "{err}"
+        );
         let err = parse("log_level = \"loud=[\"\n").unwrap_err().to_string();
         assert!(err.contains("log_level"), "{err}");
         let err = parse("[retention]\nmax_frames = \"many\"\n")

@@ -8,7 +8,7 @@ use tether_tests::process::StdinFeeder;
 use tether_tests::raw;
 use tether_tests::text::{assert_same_lines, lines, LINE_LEN};
 use tether_tests::wait::wait_until;
-use tether_tests::{Sandbox, Signal};
+use tether_tests::{Daemon, Sandbox, Signal};
 
 const STREAM: &str = "crash";
 const LINES: u64 = 100_000;
@@ -21,8 +21,24 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(90);
 #[test]
 fn publish_and_tail_survive_repeated_kill_9_with_every_line_exactly_once() {
     let sb = Sandbox::new();
+    let daemon = sb.start_daemon();
+    survive_kills(&sb, daemon);
+}
+
+/// The same with a log of 256 KiB, which the frames go round about ten
+/// times: the chunks it keeps for the store are copied in as it comes
+/// round, and the kills land anywhere in that.
+#[test]
+fn every_line_exactly_once_through_kill_9_while_the_log_goes_round() {
+    let sb = Sandbox::new();
+    let daemon = sb.start_daemon_with_env(&[("TETHER_LOG_CAPACITY", "262144")]);
+    survive_kills(&sb, daemon);
+}
+
+/// Publishes [`LINES`] lines, followed by two `tail -f`s, while the daemon
+/// is killed [`KILLS`] times; every line must arrive exactly once.
+fn survive_kills(sb: &Sandbox, mut daemon: Daemon) {
     let socket = sb.socket();
-    let mut daemon = sb.start_daemon();
     let input = lines(1..=LINES);
     let chunk_of = |k: u64| -> String {
         let first = k * CHUNK + 1;
