@@ -2255,6 +2255,19 @@ mod tests {
         Ok(())
     }
 
+    /// Stores stream "s" (id 7) as holding seqs 1 to `last`.
+    fn stream_s_through(store: &Store, last: u64) {
+        let meta = StreamMeta {
+            id: 7,
+            first_seq: 1,
+            last_seq: last,
+            frames: last,
+            bytes: 0,
+            created_micros: 0,
+        };
+        store.write(|txn| txn.put_stream("s", &meta)).unwrap();
+    }
+
     #[test]
     fn a_chunk_gives_back_the_frames_written() {
         let mut chunk = PendingChunk::new(5);
@@ -2301,21 +2314,7 @@ mod tests {
     #[test]
     fn reads_cross_chunks_and_start_inside_one() {
         let (_dir, store) = store();
-        store
-            .write(|txn| {
-                txn.put_stream(
-                    "s",
-                    &StreamMeta {
-                        id: 7,
-                        first_seq: 1,
-                        last_seq: 10,
-                        frames: 10,
-                        bytes: 0,
-                        created_micros: 0,
-                    },
-                )
-            })
-            .unwrap();
+        stream_s_through(&store, 10);
         put(&store, 1, 4);
         put(&store, 5, 5);
         put(&store, 6, 10);
@@ -2693,40 +2692,8 @@ mod tests {
         let path = dir.path().join("t.redb");
         let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
         assert!(store.wal().is_ring());
-        store
-            .write(|txn| {
-                txn.put_stream(
-                    "s",
-                    &StreamMeta {
-                        id: 7,
-                        first_seq: 1,
-                        last_seq: 0,
-                        frames: 0,
-                        bytes: 0,
-                        created_micros: 0,
-                    },
-                )
-            })
-            .unwrap();
-        let set_last = |last: u64| {
-            store
-                .write(|txn| {
-                    txn.put_stream(
-                        "s",
-                        &StreamMeta {
-                            id: 7,
-                            first_seq: 1,
-                            last_seq: last,
-                            frames: last,
-                            bytes: last * 1024,
-                            created_micros: 0,
-                        },
-                    )
-                })
-                .unwrap();
-        };
         logged_frames(&store, 1, 10);
-        set_last(10);
+        stream_s_through(&store, 10);
         // The commit's chunk is where its record is, not in the store.
         assert_eq!(where_chunks_are(&store), (1, 0));
         assert_all_frames(&store, 10);
@@ -2743,7 +2710,7 @@ mod tests {
                 crashes.push((crashed, copy, last));
             }
         }
-        set_last(last);
+        stream_s_through(&store, last);
         assert_all_frames(&store, last);
         let (in_log, in_store) = where_chunks_are(&store);
         assert!(
@@ -2789,21 +2756,7 @@ mod tests {
     fn a_read_whose_chunks_the_log_went_over_meanwhile_reads_again() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_with_log(&dir.path().join("t.redb"), SMALL_LOG).unwrap();
-        store
-            .write(|txn| {
-                txn.put_stream(
-                    "s",
-                    &StreamMeta {
-                        id: 7,
-                        first_seq: 1,
-                        last_seq: 20,
-                        frames: 20,
-                        bytes: 20 * 1024,
-                        created_micros: 0,
-                    },
-                )
-            })
-            .unwrap();
+        stream_s_through(&store, 20);
         logged_frames(&store, 1, 10);
         logged_frames(&store, 11, 20);
         assert_eq!(where_chunks_are(&store), (2, 0));
