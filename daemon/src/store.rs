@@ -1472,11 +1472,16 @@ fn write_in<T>(
             let record = match tables.record.take() {
                 Some(record) if !tables.unlogged && log.fits(record.len()) => {
                     if !record.is_empty() {
-                        tables
-                            .meta
-                            .get()?
-                            .insert(META_WAL_APPLIED, log.next_number())
+                        let meta = tables.meta.get()?;
+                        meta.insert(META_WAL_APPLIED, log.next_number())
                             .map_err(storage)?;
+                        // Going round, where the next record goes too: a
+                        // state with this commit in it (redb may keep it)
+                        // must not send a replay back to an older place.
+                        let len = record.len() as u64;
+                        if let Some(at) = log.place(len).filter(|_| log.is_ring()) {
+                            meta.insert(META_WAL_RESUME, at + len).map_err(storage)?;
+                        }
                     }
                     Some(record)
                 }
@@ -2796,6 +2801,23 @@ mod tests {
         for (seq, f) in &read.frames.frames {
             assert_eq!(f.payload, kib_payload(*seq));
         }
+    }
+
+    #[test]
+    fn a_store_closed_without_a_persist_goes_on_after_its_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        for round in 0..3 {
+            let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+            let from = round * 10 + 1;
+            logged_frames(&store, from, from + 9);
+            store.close().unwrap();
+        }
+        let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+        let ts: Vec<Option<u64>> = (1..=30)
+            .map(|seq| store.frame_ts(7, seq).unwrap())
+            .collect();
+        assert_eq!(ts, (1..=30).map(Some).collect::<Vec<_>>());
     }
 
     #[test]
