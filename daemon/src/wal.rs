@@ -61,7 +61,10 @@
 //! of chunks in the same transaction.
 //!
 //! A durable commit stores the *marks*: the last record it holds, where
-//! the next one goes, and the tail. A replay starts where the next record
+//! the next one goes, and the tail; a logged commit stores its number
+//! and where the next record goes (redb keeps commits made without
+//! durability when it is closed cleanly, so any state it comes back with
+//! must say where its records end). A replay starts where the next record
 //! went, or at the file's start a lap on, and needs exactly the record
 //! due there: an older one is the log's end, a newer one a hole. A store
 //! that changes between going round and not (free space) is persisted on
