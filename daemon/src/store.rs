@@ -351,19 +351,15 @@ impl Store {
             // Only a head start: zeros are written ahead of the records.
             tracing::warn!("{e}");
         }
-        store.settle_log()?;
+        store.settle_log(round.is_some())?;
         Ok(store)
     }
 
     /// Makes the store's durable marks say whether the log goes round, as
-    /// [`Wal::prepare`] decided: a replay then reads the log the way it
-    /// was written. Only a store that changes over commits anything.
-    fn settle_log(&self) -> Result<()> {
-        let marked = self.read_in(|txn| {
-            let meta = txn.open_table(META).map_err(|e| self.fail(e))?;
-            let resume = meta.get(META_WAL_RESUME).map_err(|e| self.fail(e))?;
-            Ok(resume.is_some())
-        })?;
+    /// [`Wal::prepare`] decided (`marked`: they said it did when the store
+    /// was opened): a replay then reads the log the way it was written.
+    /// Only a store that changes over commits anything.
+    fn settle_log(&self, marked: bool) -> Result<()> {
         let ring = {
             let mut log = self.wal();
             if log.is_ring() && !marked {
@@ -704,23 +700,29 @@ impl Store {
         limits: ReadLimits,
         new_sink: impl Fn() -> S,
     ) -> Result<ReadChunk<S>> {
-        for _ in 0..MOVED_RETRIES {
-            let read =
-                self.read_in(|txn| self.read_frames_in(txn, stream, from_seq, limits, new_sink()))?;
-            if let Some(read) = read {
-                return Ok(read);
-            }
-        }
-        Err(self.log_moved(stream))
+        self.read_unmoved(stream, |txn| {
+            self.read_frames_in(txn, stream, from_seq, limits, new_sink())
+        })
     }
 
-    /// A read that met chunks the log's records had gone over, every time.
-    fn log_moved(&self, stream: &str) -> Error {
-        Error::Storage(format!(
+    /// Runs `read` (of `stream`) in a read transaction of its own, again
+    /// on a newer snapshot while it says (`None`) that the log's records
+    /// went over a chunk it was reading.
+    fn read_unmoved<T>(
+        &self,
+        stream: &str,
+        read: impl Fn(&ReadTransaction) -> Result<Option<T>>,
+    ) -> Result<T> {
+        for _ in 0..MOVED_RETRIES {
+            if let Some(done) = self.read_in(&read)? {
+                return Ok(done);
+            }
+        }
+        Err(Error::Storage(format!(
             "reading stream {stream:?}: the chunks kept in the log {} were written over \
              {MOVED_RETRIES} times while being read",
             self.log.path().display()
-        ))
+        )))
     }
 
     fn read_frames_in<S: FrameSink>(
@@ -772,7 +774,7 @@ impl Store {
                     reader.next_seq
                 )));
             }
-            let Some(bytes) = chunk_bytes(value.value(), &self.log, &mut kept, stream, first)?
+            let Some(bytes) = chunk_bytes(value.value(), &self.log, &mut kept, &stream, first)?
             else {
                 return Ok(None);
             };
@@ -791,12 +793,9 @@ impl Store {
 
     /// The timestamp of one frame, `None` when it is not stored.
     pub fn frame_ts(&self, stream_id: u64, seq: u64) -> Result<Option<u64>> {
-        for _ in 0..MOVED_RETRIES {
-            if let Some(ts) = self.read_in(|txn| self.frame_ts_in(txn, stream_id, seq))? {
-                return Ok(ts);
-            }
-        }
-        Err(self.log_moved(&format!("#{stream_id}")))
+        self.read_unmoved(&format!("#{stream_id}"), |txn| {
+            self.frame_ts_in(txn, stream_id, seq)
+        })
     }
 
     /// `None` when the log went over the chunk while it was read.
@@ -817,7 +816,7 @@ impl Store {
                 Error::Storage(format!("chunk {first} of stream #{stream_id} vanished"))
             })?;
         let mut kept = Vec::new();
-        let stream = format!("#{stream_id}");
+        let stream = format_args!("#{stream_id}");
         let Some(bytes) = chunk_bytes(value.value(), &self.log, &mut kept, &stream, first)? else {
             return Ok(None);
         };
@@ -1317,14 +1316,11 @@ impl WriteTxn<'_> {
             .range((stream_id, start)..=(stream_id, through_seq))
             .map_err(storage)?;
         let mut kept = Vec::new();
-        let stream = format!("#{stream_id}");
         for item in range {
             let (key, value) = item.map_err(storage)?;
             let (_, first) = key.value();
             let corrupt = |e: &postcard::Error| corrupt_chunk(stream_id, first, e);
-            // The writer's own transaction: the log cannot go over it.
-            let bytes = chunk_bytes(value.value(), self.log, &mut kept, &stream, first)?
-                .ok_or_else(|| self_moved(&stream))?;
+            let bytes = own_chunk_bytes(value.value(), self.log, &mut kept, stream_id, first)?;
             for f in ChunkIter::new(first, bytes).map_err(|e| corrupt(&e))? {
                 let f = f.map_err(|e| corrupt(&e))?;
                 if f.seq < from_seq {
@@ -1379,9 +1375,7 @@ impl WriteTxn<'_> {
         })?;
         if let Some((first, value)) = straddling {
             let mut kept = Vec::new();
-            let stream = format!("#{stream_id}");
-            let bytes = chunk_bytes(&value, self.log, &mut kept, &stream, first)?
-                .ok_or_else(|| self_moved(&stream))?;
+            let bytes = own_chunk_bytes(&value, self.log, &mut kept, stream_id, first)?;
             let rest = chunk_from(first, bytes, new_first)
                 .map_err(|e| corrupt_chunk(stream_id, first, &e))?;
             self.chunks
@@ -1470,26 +1464,28 @@ fn write_in<T>(
             // The record's number goes into the state it describes, so
             // that a replay knows the store already holds it.
             let record = match tables.record.take() {
-                Some(record) if !tables.unlogged && log.fits(record.len()) => {
-                    if !record.is_empty() {
-                        let meta = tables.meta.get()?;
-                        meta.insert(META_WAL_APPLIED, log.next_number())
-                            .map_err(storage)?;
-                        // Going round, where the next record goes too: a
-                        // state with this commit in it (redb may keep it)
-                        // must not send a replay back to an older place.
-                        let len = record.len() as u64;
-                        if let Some(at) = log.place(len).filter(|_| log.is_ring()) {
-                            meta.insert(META_WAL_RESUME, at + len).map_err(storage)?;
+                Some(record) if !tables.unlogged => {
+                    let len = record.len() as u64;
+                    let at = log.place(len);
+                    full = at.is_none();
+                    match at {
+                        Some(at) if !record.is_empty() => {
+                            let meta = tables.meta.get()?;
+                            meta.insert(META_WAL_APPLIED, log.next_number())
+                                .map_err(storage)?;
+                            // Going round, where the next record goes too:
+                            // a state with this commit in it (redb may keep
+                            // it) must not send a replay back to an older
+                            // place.
+                            if log.is_ring() {
+                                meta.insert(META_WAL_RESUME, at + len).map_err(storage)?;
+                            }
                         }
+                        _ => {}
                     }
-                    Some(record)
+                    at.map(|at| (record, at))
                 }
-                Some(_) => {
-                    full = !tables.unlogged;
-                    None
-                }
-                None => None,
+                _ => None,
             };
             Ok((value, record))
         });
@@ -1503,8 +1499,7 @@ fn write_in<T>(
     };
     let mut durable = Durable::Committed;
     let mut kept_at = None;
-    if let Some(mut record) = record {
-        let at = log.place(record.len() as u64);
+    if let Some((mut record, at)) = record {
         let ticket = if record.is_empty() {
             // Nothing changed; answering still waits for what came before.
             Ok(log.written())
@@ -1518,7 +1513,7 @@ fn write_in<T>(
                     appended(ticket);
                 }
                 durable = Durable::Logged(ticket);
-                kept_at = at.filter(|_| log.is_ring());
+                kept_at = log.is_ring().then_some(at);
             }
             // The store itself can still take it: commit durably, below.
             Err(e) => tracing::warn!("{e}; committing to the store directly"),
@@ -2038,7 +2033,7 @@ fn chunk_bytes<'b>(
     value: &'b [u8],
     log: &LogReader,
     kept: &'b mut Vec<u8>,
-    stream: &str,
+    stream: &dyn std::fmt::Display,
     first: u64,
 ) -> Result<Option<&'b [u8]>> {
     let Some(in_log) = InLog::parse(value) else {
@@ -2066,12 +2061,22 @@ fn stored_count(value: &[u8]) -> std::result::Result<u32, postcard::Error> {
     }
 }
 
-/// The log went over a chunk the writer itself was reading: cannot happen
-/// (only the writer appends), so a bug, reported rather than worked round.
-fn self_moved(stream: &str) -> Error {
-    Error::Storage(format!(
-        "a chunk of stream {stream} kept in the log was written over while the writer read it"
-    ))
+/// [`chunk_bytes`] in the writer's own transaction: only the writer
+/// appends, so the log cannot go over a chunk while it reads it, and if
+/// it did that would be a bug, reported rather than worked round.
+fn own_chunk_bytes<'b>(
+    value: &'b [u8],
+    log: &LogReader,
+    kept: &'b mut Vec<u8>,
+    stream_id: u64,
+    first: u64,
+) -> Result<&'b [u8]> {
+    chunk_bytes(value, log, kept, &format_args!("#{stream_id}"), first)?.ok_or_else(|| {
+        Error::Storage(format!(
+            "a chunk of stream #{stream_id} kept in the log was written over while the \
+             writer read it"
+        ))
+    })
 }
 
 /// The chunk that holds the frames of `chunk` (whose first seq is `first`)

@@ -422,8 +422,6 @@ pub struct Wal {
     /// Going round: how far the chunks kept in the log have been copied
     /// into the store, durably or not (at or after `tail`).
     copied: u64,
-    /// Going round: where the store's replay starts, as it holds durably.
-    resume_at: u64,
     /// The end of the last record whose writing began, for readers of
     /// chunks kept in the log (see [`LogReader::read`]).
     head: Arc<AtomicU64>,
@@ -458,7 +456,6 @@ impl Wal {
             ring: false,
             tail: 0,
             copied: 0,
-            resume_at: 0,
             head: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -639,7 +636,6 @@ impl Wal {
     pub fn resume_round(&mut self, replayed: Replayed, resume_at: u64, tail: u64, held: bool) {
         self.pos = replayed.end;
         self.next_number = replayed.last + 1;
-        self.resume_at = resume_at;
         self.tail = tail.min(resume_at);
         self.copied = self.tail;
         self.holding_since = held.then(Instant::now);
@@ -651,7 +647,6 @@ impl Wal {
     pub fn start_round_here(&mut self) {
         self.tail = self.pos;
         self.copied = self.pos;
-        self.resume_at = self.pos;
     }
 
     /// Going round: what a durable commit of the store records, (the last
@@ -672,15 +667,8 @@ impl Wal {
             return self.restart(next_number);
         }
         self.tail = self.copied;
-        self.resume_at = self.pos;
         self.holding_since = None;
         Ok(())
-    }
-
-    /// After the store was reopened without what it had not committed
-    /// durably: chunks copied since the last persist are the log's again.
-    pub fn forget_copies(&mut self) {
-        self.copied = self.tail;
     }
 
     /// Going round: whether chunks kept in the log should now be copied
@@ -735,7 +723,7 @@ impl Wal {
                     at += end - physical;
                 }
                 Record::Damaged { .. } | Record::None => {
-                    at = (at - physical + self.capacity).min(self.pos);
+                    at = self.next_lap(at).min(self.pos);
                 }
             }
         }
@@ -748,11 +736,6 @@ impl Wal {
         self.copied = self.copied.max(at);
     }
 
-    /// Whether a record of `len` bytes can be appended now.
-    pub fn fits(&self, len: usize) -> bool {
-        self.place(len as u64).is_some()
-    }
-
     /// Where a record of `len` bytes would start if appended now: after
     /// the last one, or, going round, at the start of the file's next lap
     /// when it does not fit before the file's end; `None` when the log
@@ -762,18 +745,22 @@ impl Wal {
         if !self.ring {
             return (self.pos + len <= self.capacity).then_some(self.pos);
         }
-        let offset = self.pos % self.capacity;
-        let start = if offset + len <= self.capacity {
+        let start = if self.pos % self.capacity + len <= self.capacity {
             self.pos
         } else {
-            self.pos - offset + self.capacity
+            self.next_lap(self.pos)
         };
         (start + len <= self.tail + self.capacity).then_some(start)
     }
 
+    /// Going round: where the file's next lap after position `pos` starts.
+    fn next_lap(&self, pos: u64) -> u64 {
+        pos - pos % self.capacity + self.capacity
+    }
+
     /// Appends `record` as the next numbered record (not synced), at
-    /// [`Wal::place`]. Returns its ticket. The caller checked
-    /// [`Wal::fits`]. A record that fails to be written still uses up its
+    /// [`Wal::place`]. Returns its ticket. The caller checked that it has
+    /// a place. A record that fails to be written still uses up its
     /// number, which the transaction it describes stores when it is
     /// committed durably instead.
     pub fn append(&mut self, record: &mut RecordBuf) -> Result<u64> {
@@ -856,7 +843,7 @@ impl Wal {
                 // its start.
                 if let Record::Valid { number, end } = self.read_record(0, &mut next_lap)? {
                     if number == due {
-                        pos = pos - physical + self.capacity;
+                        pos = self.next_lap(pos);
                         physical = 0;
                         found = Record::Valid { number, end };
                         std::mem::swap(&mut body, &mut next_lap);
