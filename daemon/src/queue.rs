@@ -45,6 +45,7 @@ use crate::ingest::{self, IngestAppend};
 use crate::store::{ProducerState, Snapshot, Store, StreamMeta, WriteTxn};
 use crate::subscription::Subscription;
 use crate::syncer::{Durable, Syncer, Then};
+use crate::wal::CopyPace;
 use crate::{Error, Result};
 
 /// Commands that may wait for the writer. Senders wait (asynchronously)
@@ -987,7 +988,7 @@ impl Writer {
                         .is_some_and(|t| t.elapsed() < AWAKE_FOR);
                     let batch = self.drain(first);
                     self.process(batch);
-                    self.tend_log();
+                    self.tend_log(CopyPace::Pressed);
                     self.awake = quick && self.answered_alone.is_some();
                     busy_batches += 1;
                     if busy_batches >= COMPACT_EVERY_BATCHES {
@@ -1014,7 +1015,9 @@ impl Writer {
     /// The next command; `Idle` when there is background work to do and no
     /// command waiting, or a timer is due.
     fn wait(&mut self, runtime: &tokio::runtime::Runtime) -> Wait {
-        let received = if self.compaction_ready() {
+        let idle_work =
+            self.compaction_ready() || (self.copying_ready() && self.store.wants_copying());
+        let received = if idle_work {
             match self.rx.try_recv() {
                 Ok(c) => Some(c),
                 Err(mpsc::error::TryRecvError::Empty) => return Wait::Idle,
@@ -1108,6 +1111,7 @@ impl Writer {
                 self.compaction_failed(&e);
             }
         }
+        self.tend_log(CopyPace::Idle);
         if self
             .store
             .unpersisted_since()
@@ -1118,19 +1122,15 @@ impl Writer {
     }
 
     /// When the log's records are getting near chunks it keeps for the
-    /// store, copies a step of them into the store, and persists it when
-    /// the records need to go over them (see [`crate::wal`], "Going
-    /// round"). Between batches, so that a full log rarely holds a
-    /// commit up.
-    fn tend_log(&mut self) {
-        if !self.healthy
-            || self
-                .copying_paused_until
-                .is_some_and(|t| Instant::now() < t)
-        {
+    /// store, copies a step of them into the store at `pace`, and persists
+    /// it when the records need to go over them (see [`crate::wal`],
+    /// "Going round"). Idle, or between batches when the records press,
+    /// so that a full log rarely holds a commit up.
+    fn tend_log(&mut self, pace: CopyPace) {
+        if !self.copying_ready() {
             return;
         }
-        match self.store.copy_from_log() {
+        match self.store.copy_from_log(pace) {
             Ok(true) => self.persist(),
             Ok(false) => {}
             Err(e) => {
@@ -1138,6 +1138,15 @@ impl Writer {
                 self.after_failure("copying chunks from the log into the store", &e);
             }
         }
+    }
+
+    /// Whether copying chunks from the log may run now: the store is
+    /// healthy and copying is not resting after a failure.
+    fn copying_ready(&self) -> bool {
+        self.healthy
+            && self
+                .copying_paused_until
+                .is_none_or(|t| Instant::now() >= t)
     }
 
     /// Makes the store hold every commit itself, so that no record of the

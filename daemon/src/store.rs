@@ -89,7 +89,7 @@ use serde::{Deserialize, Serialize};
 use tether_protocol::{ConsumerInfo, Frame, FrameKind, StreamInfo};
 
 use crate::syncer::Durable;
-use crate::wal::{self, LogReader, Op, RawBytes, RecordBuf, Wal};
+use crate::wal::{self, CopyPace, LogReader, Op, RawBytes, RecordBuf, Wal};
 use crate::{Error, Result};
 
 /// The layout version this build reads and writes. A file with another
@@ -375,13 +375,14 @@ impl Store {
 
     /// Copies chunks the log keeps for the store into it, when the log's
     /// records are getting near them (see [`crate::wal`], "Going round"):
-    /// one step, committed without durability. Returns whether the store
-    /// should now be persisted, so that the records can go over them.
-    pub fn copy_from_log(&self) -> Result<bool> {
+    /// one step at `pace`, committed without durability. Returns whether
+    /// the store should now be persisted, so that the records can go over
+    /// them.
+    pub fn copy_from_log(&self, pace: CopyPace) -> Result<bool> {
         let guard = self.handle()?;
         let db = guard_db(&guard)?;
         let mut log = self.wal();
-        let budget = log.copy_budget();
+        let budget = log.copy_budget(pace);
         if budget > 0 {
             let copied = db.begin_write().map_err(storage).and_then(|mut txn| {
                 let mut tables = tables(&txn, &self.log, None);
@@ -407,6 +408,12 @@ impl Store {
             }
         }
         Ok(log.wants_persist())
+    }
+
+    /// Going round: whether the log has chunks to copy into the store in
+    /// idle time (see [`Store::copy_from_log`]).
+    pub fn wants_copying(&self) -> bool {
+        self.wal().copy_budget(CopyPace::Idle) > 0
     }
 
     /// The write-ahead log, for the syncer (see [`Wal::sync_handle`]).
@@ -2651,7 +2658,7 @@ mod tests {
                 |_| {},
             )
             .unwrap();
-        if store.copy_from_log().unwrap() {
+        if store.copy_from_log(CopyPace::Pressed).unwrap() {
             store.persist().unwrap();
         }
     }

@@ -52,10 +52,12 @@
 //! end goes to its start, a lap on. Records never go more than a lap
 //! ahead of the *tail*, the oldest position a chunk value may name as the
 //! store holds durably. As the records come within [`COPY_AHEAD`] of a lap
-//! ahead of where copying stopped, the writer copies, between batches, a
-//! step of the chunks kept in the records there into redb (each one only
-//! if its value still names that very place: compacted or rewritten ones
-//! are skipped), committed without durability; as they come within
+//! ahead of where copying stopped, the writer copies the chunks kept in
+//! the records there into redb (each one only if its value still names
+//! that very place: compacted or rewritten ones are skipped), committed
+//! without durability: a piece at a time when it has nothing else to do,
+//! and between batches once the records come within half of that (see
+//! [`CopyPace`]); as they come within
 //! [`PERSIST_AHEAD`], it persists, and the tail moves up to where copying
 //! reached. A full log still takes a commit, durably, copying a stretch
 //! of chunks in the same transaction.
@@ -121,9 +123,21 @@ const KEEP_FILE_FREE: u64 = 4;
 /// keep ahead in steps between group commits.
 const COPY_AHEAD: u64 = 16 * 1024 * 1024;
 
-/// Going round: the records copied from in one step beyond what brings
-/// the copying back ahead (at most; a sixty-fourth of a smaller log).
-const COPY_STEP: u64 = 1024 * 1024;
+/// Going round: the records copied from in one step of copying (at most;
+/// a 256th of a smaller log). Small, so that a command arriving while the
+/// writer copies in idle time waits little, and copying pressed between
+/// batches holds each batch up a little rather than a few a lot.
+const COPY_PIECE: u64 = 128 * 1024;
+
+/// When chunks kept in the log are copied into the store (see
+/// [`Wal::copy_budget`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyPace {
+    /// The writer has nothing else to do: a piece at a time.
+    Idle,
+    /// Between batches: only as much as the records press for.
+    Pressed,
+}
 
 /// Going round: how near the records may come to chunks copied but not
 /// yet durably before the writer persists the store (at most; a
@@ -671,26 +685,31 @@ impl Wal {
         Ok(())
     }
 
-    /// Going round: whether chunks kept in the log should now be copied
-    /// into the store, so that the records can go on.
-    pub fn wants_copying(&self) -> bool {
-        self.ring && self.pos + self.copy_ahead() > self.copied + self.capacity
-    }
-
     /// [`COPY_AHEAD`] for this log's capacity.
     pub fn copy_ahead(&self) -> u64 {
         COPY_AHEAD.min(self.capacity / 16)
     }
 
     /// Going round: how many bytes of records to copy chunks from now (0
-    /// for none): what brings the copying back [`COPY_AHEAD`] ahead of
-    /// the records, and a step more.
-    pub fn copy_budget(&self) -> u64 {
-        if !self.wants_copying() {
+    /// for none), at `pace`. Idle, a piece of what brings the copying
+    /// [`COPY_AHEAD`] ahead of the records; between batches, only once
+    /// the records are within half of that, what brings it back there
+    /// and a piece more.
+    pub fn copy_budget(&self, pace: CopyPace) -> u64 {
+        if !self.ring {
             return 0;
         }
-        (self.pos + self.copy_ahead()) - (self.copied + self.capacity)
-            + COPY_STEP.min(self.capacity / 64)
+        let piece = COPY_PIECE.min(self.capacity / 256);
+        let kept_until = self.copied + self.capacity;
+        match pace {
+            CopyPace::Idle => (self.pos + self.copy_ahead())
+                .saturating_sub(kept_until)
+                .min(piece),
+            CopyPace::Pressed => match (self.pos + self.copy_ahead() / 2).checked_sub(kept_until) {
+                Some(behind) if behind > 0 => behind + piece,
+                _ => 0,
+            },
+        }
     }
 
     /// Going round: whether a persist would let the records go on further,
@@ -1225,6 +1244,47 @@ mod tests {
             .unwrap();
         assert_eq!(seen, vec![len, 2 * len, 64 * 1024]);
         assert_eq!(to, 64 * 1024 + len);
+    }
+
+    #[test]
+    fn copying_waits_for_idle_time_until_the_records_press() {
+        let (_dir, mut wal) = small_ring();
+        let capacity = 64 * 1024;
+        let ahead = wal.copy_ahead();
+        let piece = capacity / 256;
+        let append_until = |wal: &mut Wal, near: u64| {
+            while wal.pos + near <= capacity {
+                wal.append(&mut sized(500, 1)).unwrap();
+            }
+        };
+        append_until(&mut wal, 2 * ahead);
+        assert_eq!(wal.copy_budget(CopyPace::Idle), 0, "far from the lap's end");
+        assert_eq!(wal.copy_budget(CopyPace::Pressed), 0);
+        // Within COPY_AHEAD: a piece at a time, in idle time only.
+        append_until(&mut wal, ahead);
+        let wanted = wal.pos + ahead - capacity;
+        assert_eq!(wal.copy_budget(CopyPace::Idle), wanted.min(piece));
+        assert_eq!(wal.copy_budget(CopyPace::Pressed), 0);
+        // Within half of it, between batches too: what brings the copying
+        // back there, and a piece more.
+        append_until(&mut wal, ahead / 2);
+        let behind = wal.pos + ahead / 2 - capacity;
+        assert_eq!(wal.copy_budget(CopyPace::Pressed), behind + piece);
+        let to = wal.records_to_copy(behind + piece, |_, _| Ok(())).unwrap();
+        wal.copied_to(to);
+        assert_eq!(wal.copy_budget(CopyPace::Pressed), 0);
+        assert!(
+            wal.copy_budget(CopyPace::Idle) > 0,
+            "idle time copies on up to COPY_AHEAD ahead"
+        );
+        // Not going round: nothing is ever copied.
+        let dir = tempfile::tempdir().unwrap();
+        let mut flat = Wal::open(&dir.path().join("f.wal"), capacity).unwrap();
+        for _ in 0..100 {
+            flat.append(&mut sized(500, 1)).unwrap();
+        }
+        assert_eq!(flat.copy_budget(CopyPace::Idle), 0);
+        assert_eq!(flat.copy_budget(CopyPace::Pressed), 0);
     }
 
     #[test]
