@@ -50,7 +50,10 @@
 //! values goes through one function, `chunk_bytes`.
 //!
 //! Schema version 2 introduced chunks; a version 1 file (one row per frame)
-//! is refused with a message naming both versions, not migrated.
+//! is refused with a message naming the versions read, not migrated.
+//! Version 3 lets a chunk value be an [`InLog`]: a version-2 store is
+//! marked 3 when its log first goes round, so that a build reading version
+//! 2 only refuses it rather than take such a value for an empty chunk.
 //!
 //! # Durability
 //!
@@ -92,9 +95,20 @@ use crate::syncer::Durable;
 use crate::wal::{self, CopyPace, LogReader, Op, RawBytes, RecordBuf, Wal};
 use crate::{Error, Result};
 
-/// The layout version this build reads and writes. A file with another
-/// version is refused rather than misread.
-pub const SCHEMA_VERSION: u64 = 2;
+/// The layout version this build writes into a new store. A file with a
+/// version outside [`OLDEST_SCHEMA_VERSION`]`..=`this is refused rather
+/// than misread.
+pub const SCHEMA_VERSION: u64 = 3;
+
+/// The oldest layout version this build reads: 2, frames in chunks.
+const OLDEST_SCHEMA_VERSION: u64 = 2;
+
+/// The first layout version whose chunk values may name bytes kept in the
+/// log (an [`InLog`]), which a build that reads version 2 only would take
+/// for an empty chunk. A version-2 store is marked so before its log first
+/// goes round; one whose log does not go round stays readable by such a
+/// build.
+const LOG_KEEPS_CHUNKS_VERSION: u64 = 3;
 
 /// redb's page cache. Bounded so that the daemon's memory does not grow with
 /// the store. Small, because every frame passes through it only once on
@@ -342,7 +356,7 @@ impl Store {
             log: log.reader(),
             wal: Mutex::new(log),
         };
-        store.init_schema()?;
+        let version = store.init_schema()?;
         if existed {
             let guard = store.handle()?;
             replay(guard_db(&guard)?, &mut store.wal())?;
@@ -351,15 +365,17 @@ impl Store {
             // Only a head start: zeros are written ahead of the records.
             tracing::warn!("{e}");
         }
-        store.settle_log(round.is_some())?;
+        store.settle_log(round.is_some(), version)?;
         Ok(store)
     }
 
     /// Makes the store's durable marks say whether the log goes round, as
     /// [`Wal::prepare`] decided (`marked`: they said it did when the store
     /// was opened): a replay then reads the log the way it was written.
-    /// Only a store that changes over commits anything.
-    fn settle_log(&self, marked: bool) -> Result<()> {
+    /// A log going round marks a store of an older `version` with
+    /// [`LOG_KEEPS_CHUNKS_VERSION`] first. Only a store that changes over
+    /// commits anything.
+    fn settle_log(&self, marked: bool, version: u64) -> Result<()> {
         let ring = {
             let mut log = self.wal();
             if log.is_ring() && !marked {
@@ -367,8 +383,17 @@ impl Store {
             }
             log.is_ring()
         };
-        if ring != marked {
-            self.persist()?;
+        let mark_version = ring && version < LOG_KEEPS_CHUNKS_VERSION;
+        if ring != marked || mark_version {
+            self.write(|txn| {
+                if mark_version {
+                    txn.meta
+                        .get()?
+                        .insert(META_SCHEMA_VERSION, LOG_KEEPS_CHUNKS_VERSION)
+                        .map_err(storage)?;
+                }
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -449,13 +474,13 @@ impl Store {
         std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
     }
 
-    /// Creates the tables and checks the schema version. Nothing is
-    /// committed when the version is wrong.
-    fn init_schema(&self) -> Result<()> {
+    /// Creates the tables and checks the schema version; returns it.
+    /// Nothing is committed when the version is wrong.
+    fn init_schema(&self) -> Result<u64> {
         let guard = self.handle()?;
         let db = guard_db(&guard)?;
         let txn = db.begin_write().map_err(storage)?;
-        {
+        let version = {
             txn.open_table(STREAMS).map_err(storage)?;
             txn.open_table(CHUNKS).map_err(storage)?;
             txn.open_table(PRODUCERS).map_err(storage)?;
@@ -471,13 +496,15 @@ impl Store {
                 .map_err(storage)?
                 .map(|v| v.value());
             match version {
-                Some(SCHEMA_VERSION) => {}
+                Some(known) if (OLDEST_SCHEMA_VERSION..=SCHEMA_VERSION).contains(&known) => {}
                 Some(other) => {
                     return Err(Error::CorruptStore {
                         path: self.path.clone(),
                         detail: format!(
-                            "schema version {other}; this build reads version {SCHEMA_VERSION} \
-                             only (version 2 stores frames in chunks; older files are not converted)"
+                            "schema version {other}; this build reads versions \
+                             {OLDEST_SCHEMA_VERSION} to {SCHEMA_VERSION} (version 2 stores frames \
+                             in chunks, and older files are not converted; a newer version needs \
+                             a newer build)"
                         ),
                     })
                 }
@@ -487,8 +514,9 @@ impl Store {
                     meta.insert(META_NEXT_STREAM_ID, 1).map_err(storage)?;
                 }
             }
-        }
-        commit(txn)
+            version.unwrap_or(SCHEMA_VERSION)
+        };
+        commit(txn).map(|()| version)
     }
 
     /// The database handle for one operation. Holding the read guard keeps
@@ -2599,6 +2627,85 @@ mod tests {
             reopened.load().unwrap().consumers,
             vec![(7, "c".to_owned(), 9)]
         );
+    }
+
+    /// The schema version the store file at `path` (closed) says it has.
+    fn stored_version(path: &Path) -> u64 {
+        let db = Database::open(path).unwrap();
+        let txn = db.begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        let version = meta.get(META_SCHEMA_VERSION).unwrap().unwrap().value();
+        version
+    }
+
+    /// Writes `version` into the store file at `path` (closed), as a build
+    /// of that version would have left it.
+    fn store_version(path: &Path, version: u64) {
+        let db = Database::open(path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(META_SCHEMA_VERSION, version)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+
+    /// A log capacity no filesystem has four times over: the log is not
+    /// prepared, so it does not go round.
+    const UNPREPARED_LOG: u64 = 1 << 60;
+
+    #[test]
+    fn a_store_of_an_unknown_schema_version_is_refused_naming_the_versions_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+        store.close().unwrap();
+        drop(store);
+        for version in [1, 4] {
+            store_version(&path, version);
+            let err = Store::open_with_log(&path, SMALL_LOG).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, Error::CorruptStore { .. }), "{text}");
+            assert!(
+                text.contains(&format!("schema version {version};")),
+                "{text}"
+            );
+            assert!(text.contains("reads versions 2 to 3"), "{text}");
+            assert_eq!(stored_version(&path), version, "nothing committed");
+        }
+    }
+
+    #[test]
+    fn a_version_2_store_is_marked_3_when_its_log_first_goes_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
+        assert!(!store.wal().is_ring());
+        logged_frames(&store, 1, 10);
+        store.close().unwrap();
+        drop(store);
+        assert_eq!(stored_version(&path), SCHEMA_VERSION, "a new store");
+        // As a build that knows version 2 only left it.
+        store_version(&path, 2);
+
+        // Its log still not going round, it stays readable by such a build.
+        let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
+        logged_frames(&store, 11, 20);
+        store.close().unwrap();
+        drop(store);
+        assert_eq!(stored_version(&path), 2);
+
+        // Going round, chunk values may name the log's bytes: version 3,
+        // and the frames from before read back whole.
+        let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+        assert!(store.wal().is_ring());
+        logged_frames(&store, 21, 30);
+        assert_eq!(where_chunks_are(&store).0, 1, "a chunk kept in the log");
+        stream_s_through(&store, 30);
+        assert_all_frames(&store, 30);
+        store.close().unwrap();
+        drop(store);
+        assert_eq!(stored_version(&path), 3);
     }
 
     #[test]
