@@ -68,6 +68,11 @@ pub struct Args {
     /// Print one JSON object per run instead of a table row.
     #[arg(long)]
     json: bool,
+    /// Write each W1 frame's end-to-end latency to this file, in µs, one
+    /// line per frame in seq order (the last run's, with several): where
+    /// in a run the slow frames are.
+    #[arg(long, value_name = "FILE")]
+    latencies: Option<PathBuf>,
 }
 
 /// A workload, or all of them in turn.
@@ -116,6 +121,13 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     }
     if args.runs == 0 {
         return Err("--runs must be at least 1".into());
+    }
+    if let Some(path) = &args.latencies {
+        if matches!(args.workload, Workload::W0 | Workload::W2) {
+            return Err("--latencies is for W1 (or all)".into());
+        }
+        // Before any run, rather than after the first.
+        std::fs::File::create(path).map_err(|e| w1::latencies_error(path, &e))?;
     }
     let tetherd = tetherd_path(args.tetherd.as_deref())?;
     let workloads: &[Workload] = match args.workload {

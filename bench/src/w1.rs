@@ -69,6 +69,9 @@ pub async fn run(
     let ingest = start.elapsed();
     drop(progress);
     let mut latencies = follower_task.await??;
+    if let Some(path) = &args.latencies {
+        write_latencies(path, &latencies)?;
+    }
     let (daemon_cpu_us, bench_cpu_us) = cpu.per_frame_us(frames);
     let (p50_ms, p99_ms, p999_ms) = percentiles_ms(&mut latencies);
 
@@ -91,6 +94,20 @@ pub async fn run(
         bench_cpu_us,
         ..Row::default()
     })
+}
+
+/// Writes `latencies` (ns) to `path` in µs, one line each.
+fn write_latencies(path: &Path, latencies: &[u64]) -> Result<(), BoxError> {
+    let mut text = String::with_capacity(latencies.len() * 8);
+    for ns in latencies {
+        text.push_str(&format!("{:.1}\n", *ns as f64 / 1000.0));
+    }
+    std::fs::write(path, text).map_err(|e| latencies_error(path, &e))
+}
+
+/// The error of a latencies file that cannot be written.
+pub fn latencies_error(path: &Path, e: &std::io::Error) -> BoxError {
+    format!("cannot write the latencies to {}: {e}", path.display()).into()
 }
 
 /// Reads the whole stream from seq 2 on (after the frame that created it)

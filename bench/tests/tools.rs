@@ -100,6 +100,63 @@ fn every_workload_gives_a_whole_row() {
 }
 
 #[test]
+fn w1_writes_each_frames_latency_to_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("latencies.txt");
+    let out = run(
+        env!("CARGO_BIN_EXE_tether-bench"),
+        &[
+            "--workload",
+            "w1",
+            "--frames",
+            "3000",
+            "--json",
+            "--latencies",
+            file.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let row = &rows(&out)[0];
+    let lines: Vec<f64> = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert_eq!(lines.len(), 3000);
+    assert!(lines.iter().all(|&us| us > 0.0));
+    // The row's p50 (nearest rank) is the median of the lines written,
+    // which are rounded to 0.1 µs.
+    let mut sorted = lines.clone();
+    sorted.sort_by(f64::total_cmp);
+    let p50_ms = positive(row, "p50_ms");
+    let median_ms = sorted[1499] / 1000.0;
+    assert!(
+        (median_ms - p50_ms).abs() < 0.0001,
+        "{median_ms} against {p50_ms}"
+    );
+
+    let out = run_in_temp(
+        env!("CARGO_BIN_EXE_tether-bench"),
+        &["--workload", "w0", "--latencies", "x"],
+    );
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "tether-bench: --latencies is for W1 (or all)\n"
+    );
+    let out = run_in_temp(
+        env!("CARGO_BIN_EXE_tether-bench"),
+        &["--workload", "w1", "--latencies", "/nonexistent/x"],
+    );
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "tether-bench: cannot write the latencies to /nonexistent/x: \
+         No such file or directory (os error 2)\n"
+    );
+}
+
+#[test]
 fn a_payload_too_short_for_its_send_time_is_refused() {
     let out = run_in_temp(env!("CARGO_BIN_EXE_tether-bench"), &["--size", "4"]);
     assert_eq!(out.status.code(), Some(1));
