@@ -1630,8 +1630,7 @@ fn copy_kept_chunks(tables: &mut WriteTxn<'_>, log: &Wal, budget: u64) -> Result
             else {
                 continue;
             };
-            let offset = wal::HEADER_LEN + (chunk.0.as_ptr() as usize - body.as_ptr() as usize);
-            let at = record_at + offset as u64;
+            let at = chunk_position(record_at, body, chunk.0);
             let table = tables.chunks.get()?;
             let kept_here = table
                 .get((stream_id, first_seq))
@@ -1648,6 +1647,13 @@ fn copy_kept_chunks(tables: &mut WriteTxn<'_>, log: &Wal, budget: u64) -> Result
     })
 }
 
+/// Where in the log `chunk`, a slice of the `body` of the record at
+/// `record_at`, is.
+fn chunk_position(record_at: u64, body: &[u8], chunk: &[u8]) -> u64 {
+    let offset = wal::HEADER_LEN + (chunk.as_ptr() as usize - body.as_ptr() as usize);
+    record_at + offset as u64
+}
+
 /// Aborts a transaction that failed. Dropping it would abort it too;
 /// aborting explicitly reports a failure to do so.
 fn abort(txn: WriteTransaction) {
@@ -1659,9 +1665,11 @@ fn abort(txn: WriteTransaction) {
 /// Applies what the log holds beyond the store (see [`crate::wal`]) and
 /// returns how many records that was. The replay is committed without
 /// durability and the log goes on after the records it applied: they stay
-/// in the log until the next persist. (So a replay needs no disk space: on
-/// a full disk the store still opens, with everything acknowledged, and
-/// reads go on.)
+/// in the log until the next persist (going round, until copying has
+/// passed them: the replay stores where their chunks are, as their
+/// commits did, rather than the bytes). So a replay needs no disk space:
+/// on a full disk the store still opens, with everything acknowledged,
+/// and reads go on.
 fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
     let reader = log.reader();
     let mut txn = db.begin_write().map_err(storage)?;
@@ -1672,9 +1680,30 @@ fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
         let applied = mark(META_WAL_APPLIED)?.unwrap_or(0);
         let resume = mark(META_WAL_RESUME)?;
         let tail = mark(META_WAL_TAIL)?;
-        log.replay(applied, resume, |_, body| {
+        // Going round, the records stay in the log, which keeps their
+        // chunks as when they were first committed: only where they are
+        // goes into the store.
+        let keeps = resume.is_some() && log.is_filled();
+        log.replay(applied, resume, |_, record_at, body| {
             for op in wal::ops(body) {
-                tables.apply(op?)?;
+                match op? {
+                    Op::Chunk {
+                        stream_id,
+                        first_seq,
+                        chunk,
+                    } if keeps => {
+                        let at = chunk_position(record_at, body, chunk.0);
+                        tables
+                            .chunks
+                            .get()?
+                            .insert(
+                                (stream_id, first_seq),
+                                &InLog::of(at, chunk.0)?.encode()[..],
+                            )
+                            .map_err(storage)?;
+                    }
+                    op => tables.apply(op)?,
+                }
             }
             Ok(())
         })
@@ -1690,11 +1719,16 @@ fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
                 );
             }
             if replayed.last > applied {
-                tables
-                    .meta
-                    .get()?
-                    .insert(META_WAL_APPLIED, replayed.last)
+                let meta = tables.meta.get()?;
+                meta.insert(META_WAL_APPLIED, replayed.last)
                     .map_err(storage)?;
+                // As a logged commit does (see `write_in`): a state that
+                // keeps this one must not send a replay back to an older
+                // place, from which the records would go over these.
+                if resume.is_some() {
+                    meta.insert(META_WAL_RESUME, replayed.end)
+                        .map_err(storage)?;
+                }
             }
             Ok((applied, replayed, resume.map(|at| (at, tail.unwrap_or(at)))))
         })
@@ -2531,8 +2565,18 @@ mod tests {
 
     #[test]
     fn logged_commits_only_the_log_holds_are_replayed_after_a_crash() {
-        let (dir, store) = store();
+        for capacity in [wal::DEFAULT_CAPACITY, UNPREPARED_LOG] {
+            replayed_after_a_crash(capacity);
+        }
+    }
+
+    /// [`logged_commits_only_the_log_holds_are_replayed_after_a_crash`]
+    /// with a log of `capacity`.
+    fn replayed_after_a_crash(capacity: u64) {
+        let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.redb");
+        let store = Store::open_with_log(&path, capacity).unwrap();
+        let round = store.wal().is_ring();
         put(&store, 1, 4);
         let logged = |from: u64, to: u64| {
             store
@@ -2563,13 +2607,14 @@ mod tests {
 
         // Without the log, the crash loses every logged commit...
         let bare = tempfile::tempdir().unwrap();
-        let without = Store::open(&crash_copy(&path, bare.path(), false)).unwrap();
+        let without =
+            Store::open_with_log(&crash_copy(&path, bare.path(), false), capacity).unwrap();
         assert_eq!(stored_ts(&without, 1, 10), ts_of_only(1..=4));
         // ...with it, the store comes back exactly as it was, deletion
         // and rewritten chunk included.
         let crashed = tempfile::tempdir().unwrap();
         let copy = crash_copy(&path, crashed.path(), true);
-        let recovered = Store::open(&copy).unwrap();
+        let recovered = Store::open_with_log(&copy, capacity).unwrap();
         assert_eq!(stored_ts(&recovered, 1, 10), expected);
         let consumers = recovered.load().unwrap().consumers;
         assert_eq!(consumers, vec![(7, "c".to_owned(), 10)]);
@@ -2577,16 +2622,19 @@ mod tests {
         // in the log until a persist: a second crash keeps all of them.
         assert!(matches!(log_ack(&recovered, 11), Durable::Logged(_)));
         let again = tempfile::tempdir().unwrap();
-        let twice = Store::open(&crash_copy(&copy, again.path(), true)).unwrap();
+        let twice = Store::open_with_log(&crash_copy(&copy, again.path(), true), capacity).unwrap();
         assert_eq!(stored_ts(&twice, 1, 10), expected);
         assert_eq!(
             twice.load().unwrap().consumers,
             vec![(7, "c".to_owned(), 11)]
         );
-        // Once persisted, the store holds them without the log.
+        // Once persisted, the store holds them without the log; going
+        // round, the log goes on keeping their chunks (its records stay
+        // until copying has passed them), so the store comes back with it.
         recovered.persist().unwrap();
         let persisted = tempfile::tempdir().unwrap();
-        let bare = Store::open(&crash_copy(&copy, persisted.path(), false)).unwrap();
+        let bare = crash_copy(&copy, persisted.path(), round);
+        let bare = Store::open_with_log(&bare, capacity).unwrap();
         assert_eq!(stored_ts(&bare, 1, 10), expected);
         assert_eq!(
             bare.load().unwrap().consumers,
@@ -2859,6 +2907,65 @@ mod tests {
         assert_all_frames(&reopened, last);
         logged_frames(&reopened, last + 1, last + 10);
         assert_eq!(reopened.frame_ts(7, last + 10).unwrap(), Some(last + 10));
+    }
+
+    #[test]
+    fn a_replay_going_round_leaves_the_chunks_where_the_log_keeps_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+        stream_s_through(&store, 0);
+        logged_frames(&store, 1, 10);
+        logged_frames(&store, 11, 20);
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&path, crashed.path(), true);
+        drop(store);
+
+        // The crash lost both commits in redb; the replay puts back where
+        // their chunks are in the log, not their bytes.
+        let store = Store::open_with_log(&copy, SMALL_LOG).unwrap();
+        assert_eq!(where_chunks_are(&store), (2, 0));
+        // Closed before anything else was written (redb keeps the replay,
+        // which was not durable) and opened again.
+        store.close().unwrap();
+        drop(store);
+        let store = Store::open_with_log(&copy, SMALL_LOG).unwrap();
+        stream_s_through(&store, 20);
+        assert_all_frames(&store, 20);
+        // The log goes on after them, round three laps: they are copied
+        // when it comes round to them, and nothing goes over them before.
+        let mut last = 20;
+        while last < 3 * SMALL_LOG / 1024 {
+            logged_frames(&store, last + 1, last + 10);
+            last += 10;
+        }
+        stream_s_through(&store, last);
+        assert_all_frames(&store, last);
+        // Crashed again without a persist since the replay, and closed
+        // without one: each comes back whole.
+        let again = tempfile::tempdir().unwrap();
+        let second = crash_copy(&copy, again.path(), true);
+        store.close().unwrap();
+        drop(store);
+        for path in [&second, &copy] {
+            let store = Store::open_with_log(path, SMALL_LOG).unwrap();
+            stream_s_through(&store, last);
+            assert_all_frames(&store, last);
+        }
+
+        // A log that does not go round starts again after a persist: its
+        // replay stores the bytes.
+        let flat = tempfile::tempdir().unwrap();
+        let path = flat.path().join("t.redb");
+        let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
+        logged_frames(&store, 1, 10);
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&path, crashed.path(), true);
+        drop(store);
+        let store = Store::open_with_log(&copy, UNPREPARED_LOG).unwrap();
+        assert_eq!(where_chunks_are(&store), (0, 1));
+        stream_s_through(&store, 10);
+        assert_all_frames(&store, 10);
     }
 
     /// Frames as values, running `first_take` once, at its first chunk.

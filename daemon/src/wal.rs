@@ -68,7 +68,9 @@
 //! durability when it is closed cleanly, so any state it comes back with
 //! must say where its records end). A replay starts where the next record
 //! went, or at the file's start a lap on, and needs exactly the record
-//! due there: an older one is the log's end, a newer one a hole. A store
+//! due there: an older one is the log's end, a newer one a hole. It
+//! stores where the records' chunks are, as their commits did, and where
+//! the next record goes; the records stay until copying passes them. A store
 //! that changes between going round and not (free space) is persisted on
 //! opening, so that its marks always say how its log was written.
 //!
@@ -611,8 +613,15 @@ impl Wal {
                 Error::io(format!("cannot prepare the log {}", self.path.display()), e)
             })?;
         }
-        self.ring = self.filled >= self.capacity;
+        self.ring = self.is_filled();
         Ok(())
+    }
+
+    /// Whether the file is filled to its capacity, so that the log goes
+    /// round once prepared: from a store's opening on, its records stay
+    /// where they are until copying has passed them.
+    pub fn is_filled(&self) -> bool {
+        self.filled >= self.capacity
     }
 
     /// Whether the filesystem has room enough that the log may keep its
@@ -832,8 +841,9 @@ impl Wal {
         }
     }
 
-    /// Shows `apply` the body of each record numbered above `applied`, in
-    /// order (see the module docs for where the log ends). `from`: going
+    /// Shows `apply` each record numbered above `applied`, in order, as
+    /// (its number, its position, its body) (see the module docs for where
+    /// the log ends). `from`: going
     /// round, where the store's durable mark says the record after
     /// `applied` went (it must be there, or at the start of the file's
     /// next lap); `None` reads from the file's start, skipping records the
@@ -842,7 +852,7 @@ impl Wal {
         &self,
         applied: u64,
         from: Option<u64>,
-        mut apply: impl FnMut(u64, &[u8]) -> Result<()>,
+        mut apply: impl FnMut(u64, u64, &[u8]) -> Result<()>,
     ) -> Result<Replayed> {
         let round = from.is_some();
         let mut pos = from.unwrap_or(0);
@@ -898,7 +908,7 @@ impl Wal {
                 });
             }
             if number > applied {
-                apply(number, &body)?;
+                apply(number, pos, &body)?;
             }
             last = Some(number);
             pos += end - physical;
@@ -967,7 +977,7 @@ mod tests {
 
     fn read_all(wal: &Wal, applied: u64) -> Result<(u64, Vec<(u64, usize)>)> {
         let mut seen = Vec::new();
-        let replayed = wal.replay(applied, None, |n, body| {
+        let replayed = wal.replay(applied, None, |n, _, body| {
             seen.push((n, ops(body).count()));
             Ok(())
         })?;
@@ -1101,7 +1111,7 @@ mod tests {
         let (_dir, path, mut wal) = five_records();
         wal.restart(6).unwrap();
         let reopened = Wal::open(&path, 1 << 20).unwrap();
-        let replayed = reopened.replay(5, None, |_, _| Ok(())).unwrap();
+        let replayed = reopened.replay(5, None, |_, _, _| Ok(())).unwrap();
         assert_eq!(
             replayed,
             Replayed {
@@ -1114,7 +1124,7 @@ mod tests {
 
     /// Flips one byte of the body of the `index`th of [`five_records`].
     fn damage_record(path: &Path, wal: &Wal, index: u64) -> u64 {
-        let all = wal.replay(0, None, |_, _| Ok(())).unwrap();
+        let all = wal.replay(0, None, |_, _, _| Ok(())).unwrap();
         assert_eq!(all.last, 5);
         let at = all.end / 5 * index;
         let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
@@ -1127,7 +1137,7 @@ mod tests {
     fn a_damaged_record_with_a_good_one_after_it_is_reported() {
         let (_dir, path, wal) = five_records();
         let at = damage_record(&path, &wal, 2);
-        let replayed = wal.replay(0, None, |_, _| Ok(())).unwrap();
+        let replayed = wal.replay(0, None, |_, _, _| Ok(())).unwrap();
         assert_eq!(replayed.last, 2);
         assert_eq!(replayed.end, at);
         assert_eq!(replayed.stopped_before, Some((3, at)));
@@ -1137,7 +1147,7 @@ mod tests {
     fn a_damaged_last_record_is_a_torn_tail_and_not_reported() {
         let (_dir, path, wal) = five_records();
         let at = damage_record(&path, &wal, 4);
-        let replayed = wal.replay(0, None, |_, _| Ok(())).unwrap();
+        let replayed = wal.replay(0, None, |_, _, _| Ok(())).unwrap();
         assert_eq!(
             replayed,
             Replayed {
@@ -1222,7 +1232,7 @@ mod tests {
         // A replay from the second record finds the fourth at the start.
         let mut replayed = Vec::new();
         let end = wal
-            .replay(1, Some(len), |n, body| {
+            .replay(1, Some(len), |n, _, body| {
                 let Ok(Op::Chunk { first_seq, .. }) = ops(body).next().unwrap() else {
                     panic!("not a chunk");
                 };
