@@ -1666,8 +1666,8 @@ fn abort(txn: WriteTransaction) {
 /// returns how many records that was. The replay is committed without
 /// durability and the log goes on after the records it applied: they stay
 /// in the log until the next persist (going round, until copying has
-/// passed them: the replay stores where their chunks are, as their
-/// commits did, rather than the bytes). So a replay needs no disk space:
+/// passed them: the replay stores where their chunks are, as a logged
+/// commit does, rather than the bytes). So a replay needs no disk space:
 /// on a full disk the store still opens, with everything acknowledged,
 /// and reads go on.
 fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
@@ -1680,9 +1680,10 @@ fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
         let applied = mark(META_WAL_APPLIED)?.unwrap_or(0);
         let resume = mark(META_WAL_RESUME)?;
         let tail = mark(META_WAL_TAIL)?;
-        // Going round, the records stay in the log, which keeps their
-        // chunks as when they were first committed: only where they are
-        // goes into the store.
+        // Going round, the records stay in the log until copying has
+        // passed them: only where each chunk's bytes are goes into the
+        // store (a chunk its commit stored whole, the rest of one cut by
+        // compaction, is then kept in the log like any other).
         let keeps = resume.is_some() && log.is_filled();
         log.replay(applied, resume, |_, record_at, body| {
             for op in wal::ops(body) {

@@ -69,10 +69,11 @@
 //! must say where its records end). A replay starts where the next record
 //! went, or at the file's start a lap on, and needs exactly the record
 //! due there: an older one is the log's end, a newer one a hole. It
-//! stores where the records' chunks are, as their commits did, and where
-//! the next record goes; the records stay until copying passes them. A store
-//! that changes between going round and not (free space) is persisted on
-//! opening, so that its marks always say how its log was written.
+//! stores where the records' chunks are, as a logged commit does, and
+//! where the next record goes; the records stay until copying passes
+//! them. A store that changes between going round and not (free space)
+//! is persisted on opening, so that its marks always say how its log was
+//! written.
 //!
 //! Readers take a snapshot of redb and then read the log without its
 //! lock, so the records may go over a chunk while it is read: the writer
@@ -843,11 +844,10 @@ impl Wal {
 
     /// Shows `apply` each record numbered above `applied`, in order, as
     /// (its number, its position, its body) (see the module docs for where
-    /// the log ends). `from`: going
-    /// round, where the store's durable mark says the record after
-    /// `applied` went (it must be there, or at the start of the file's
-    /// next lap); `None` reads from the file's start, skipping records the
-    /// store holds.
+    /// the log ends). `from`: going round, where the store's durable mark
+    /// says the record after `applied` went (it must be there, or at the
+    /// start of the file's next lap); `None` reads from the file's start,
+    /// skipping records the store holds.
     pub fn replay(
         &self,
         applied: u64,
