@@ -56,8 +56,8 @@
 //! the records there into redb (each one only if its value still names
 //! that very place: compacted or rewritten ones are skipped), committed
 //! without durability: a piece at a time when it has nothing else to do,
-//! and between batches once the records come within half of that (see
-//! [`CopyPace`]); as they come within
+//! and between batches once the records come within three quarters of
+//! that (see [`CopyPace`]); as they come within
 //! [`PERSIST_AHEAD`], it persists, and the tail moves up to where copying
 //! reached. A full log still takes a commit, durably, copying a stretch
 //! of chunks in the same transaction.
@@ -143,9 +143,13 @@ pub enum CopyPace {
 }
 
 /// Going round: how near the records may come to chunks copied but not
-/// yet durably before the writer persists the store (at most; a
-/// thirty-second of a smaller log).
-const PERSIST_AHEAD: u64 = 8 * 1024 * 1024;
+/// yet durably before the writer persists the store (at most; a 128th of
+/// a smaller log). Well within where copying between batches keeps the
+/// chunks copied ([`Wal::copy_budget`]): a producer that leaves the
+/// writer no idle time has the store persisted every time the records
+/// go that difference further (10 MiB; at a smaller difference, a
+/// persist after nearly every batch).
+const PERSIST_AHEAD: u64 = 2 * 1024 * 1024;
 
 /// What [`ZERO_STEP`] is written from, a piece at a time.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
@@ -700,11 +704,17 @@ impl Wal {
         COPY_AHEAD.min(self.capacity / 16)
     }
 
+    /// How far ahead of the records copying is kept between batches:
+    /// three quarters of [`Wal::copy_ahead`].
+    fn pressed_ahead(&self) -> u64 {
+        self.copy_ahead() / 4 * 3
+    }
+
     /// Going round: how many bytes of records to copy chunks from now (0
     /// for none), at `pace`. Idle, a piece of what brings the copying
     /// [`COPY_AHEAD`] ahead of the records; between batches, only once
-    /// the records are within half of that, what brings it back there
-    /// and a piece more.
+    /// the records are within three quarters of that, what brings it
+    /// back there and a piece more.
     pub fn copy_budget(&self, pace: CopyPace) -> u64 {
         if !self.ring {
             return 0;
@@ -715,7 +725,7 @@ impl Wal {
             CopyPace::Idle => (self.pos + self.copy_ahead())
                 .saturating_sub(kept_until)
                 .min(piece),
-            CopyPace::Pressed => match (self.pos + self.copy_ahead() / 2).checked_sub(kept_until) {
+            CopyPace::Pressed => match (self.pos + self.pressed_ahead()).checked_sub(kept_until) {
                 Some(behind) if behind > 0 => behind + piece,
                 _ => 0,
             },
@@ -727,7 +737,7 @@ impl Wal {
     pub fn wants_persist(&self) -> bool {
         self.ring
             && self.copied > self.tail
-            && self.pos + PERSIST_AHEAD.min(self.capacity / 32) > self.tail + self.capacity
+            && self.pos + PERSIST_AHEAD.min(self.capacity / 128) > self.tail + self.capacity
     }
 
     /// Shows `each` the records from where copying stopped on, as (their
@@ -1275,10 +1285,11 @@ mod tests {
         let wanted = wal.pos + ahead - capacity;
         assert_eq!(wal.copy_budget(CopyPace::Idle), wanted.min(piece));
         assert_eq!(wal.copy_budget(CopyPace::Pressed), 0);
-        // Within half of it, between batches too: what brings the copying
-        // back there, and a piece more.
-        append_until(&mut wal, ahead / 2);
-        let behind = wal.pos + ahead / 2 - capacity;
+        // Within three quarters of it, between batches too: what brings
+        // the copying back there, and a piece more.
+        let pressed = ahead / 4 * 3;
+        append_until(&mut wal, pressed);
+        let behind = wal.pos + pressed - capacity;
         assert_eq!(wal.copy_budget(CopyPace::Pressed), behind + piece);
         let to = wal.records_to_copy(behind + piece, |_, _| Ok(())).unwrap();
         wal.copied_to(to);
@@ -1295,6 +1306,34 @@ mod tests {
         }
         assert_eq!(flat.copy_budget(CopyPace::Idle), 0);
         assert_eq!(flat.copy_budget(CopyPace::Pressed), 0);
+    }
+
+    #[test]
+    fn a_producer_that_leaves_no_idle_time_has_the_store_persisted_every_few_records() {
+        // As the writer tends the log between batches, with no idle time
+        // to copy in: two laps of 500-byte records.
+        let (_dir, mut wal) = small_ring();
+        let (mut records, mut persists) = (0, 0);
+        while wal.pos < 3 * 64 * 1024 {
+            let mut r = sized(500, 1);
+            assert!(wal.place(r.len() as u64).is_some(), "the log ran full");
+            wal.append(&mut r).unwrap();
+            records += 1;
+            let budget = wal.copy_budget(CopyPace::Pressed);
+            if budget > 0 {
+                let to = wal.records_to_copy(budget, |_, _| Ok(())).unwrap();
+                wal.copied_to(to);
+            }
+            if wal.wants_persist() {
+                wal.persisted(wal.next_number()).unwrap();
+                persists += 1;
+            }
+        }
+        assert!(persists > 0);
+        assert!(
+            records >= 4 * persists,
+            "{persists} persists for {records} records"
+        );
     }
 
     #[test]
