@@ -135,25 +135,22 @@ fn w1_writes_each_frames_latency_to_a_file() {
         "{median_ms} against {p50_ms}"
     );
 
-    let out = run_in_temp(
-        env!("CARGO_BIN_EXE_tether-bench"),
-        &["--workload", "w0", "--latencies", "x"],
-    );
-    assert!(!out.status.success());
     assert_eq!(
-        String::from_utf8_lossy(&out.stderr),
+        refusal(&["--workload", "w0", "--latencies", "x"]),
         "tether-bench: --latencies is for W1 (or all)\n"
     );
-    let out = run_in_temp(
-        env!("CARGO_BIN_EXE_tether-bench"),
-        &["--workload", "w1", "--latencies", "/nonexistent/x"],
-    );
-    assert!(!out.status.success());
     assert_eq!(
-        String::from_utf8_lossy(&out.stderr),
+        refusal(&["--workload", "w1", "--latencies", "/nonexistent/x"]),
         "tether-bench: cannot write the latencies to /nonexistent/x: \
          No such file or directory (os error 2)\n"
     );
+}
+
+/// What `tether-bench` with `args` says as it fails.
+fn refusal(args: &[&str]) -> String {
+    let out = run_in_temp(env!("CARGO_BIN_EXE_tether-bench"), args);
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]

@@ -1134,15 +1134,8 @@ impl WriteTxn<'_> {
         }
         let table = self.chunks.get()?;
         for (key, bytes, offset) in self.unstored.drain(..) {
-            let reference;
-            let value = match kept_at {
-                Some(record_at) => {
-                    reference = InLog::of(record_at + offset as u64, &bytes)?.encode();
-                    &reference[..]
-                }
-                None => &bytes[..],
-            };
-            table.insert(key, value).map_err(storage)?;
+            let at = kept_at.map(|record_at| record_at + offset as u64);
+            put_chunk(table, key, &bytes, at)?;
         }
         Ok(())
     }
@@ -1171,19 +1164,21 @@ impl WriteTxn<'_> {
         log_to(&mut self.record, op)
     }
 
-    /// Applies one change of a replayed log record.
-    fn apply(&mut self, op: Op<'_>) -> Result<()> {
+    /// Applies one change of a replayed log record. `kept`: the record's
+    /// position and body when the log keeps its chunks for the store
+    /// (going round), which then gets where they are, as from
+    /// [`WriteTxn::store_chunks`].
+    fn apply(&mut self, op: Op<'_>, kept: Option<(u64, &[u8])>) -> Result<()> {
         match op {
             Op::Stream { name, meta } => self.streams.get()?.insert(name, meta.0).map(drop),
             Op::Chunk {
                 stream_id,
                 first_seq,
                 chunk,
-            } => self
-                .chunks
-                .get()?
-                .insert((stream_id, first_seq), chunk.0)
-                .map(drop),
+            } => {
+                let at = kept.map(|(record_at, body)| chunk_position(record_at, body, chunk.0));
+                return put_chunk(self.chunks.get()?, (stream_id, first_seq), chunk.0, at);
+            }
             Op::RemoveChunksBelow { stream_id, below } => self
                 .chunks
                 .get()?
@@ -1647,6 +1642,25 @@ fn copy_kept_chunks(tables: &mut WriteTxn<'_>, log: &Wal, budget: u64) -> Result
     })
 }
 
+/// Stores chunk `key`: its `bytes`, or, when the log keeps them at
+/// `kept_at`, where they are there (an [`InLog`]).
+fn put_chunk(
+    table: &mut Table<'_, (u64, u64), &'static [u8]>,
+    key: (u64, u64),
+    bytes: &[u8],
+    kept_at: Option<u64>,
+) -> Result<()> {
+    let reference;
+    let value = match kept_at {
+        Some(at) => {
+            reference = InLog::of(at, bytes)?.encode();
+            &reference[..]
+        }
+        None => bytes,
+    };
+    table.insert(key, value).map(drop).map_err(storage)
+}
+
 /// Where in the log `chunk`, a slice of the `body` of the record at
 /// `record_at`, is.
 fn chunk_position(record_at: u64, body: &[u8], chunk: &[u8]) -> u64 {
@@ -1687,24 +1701,7 @@ fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
         let keeps = resume.is_some() && log.is_filled();
         log.replay(applied, resume, |_, record_at, body| {
             for op in wal::ops(body) {
-                match op? {
-                    Op::Chunk {
-                        stream_id,
-                        first_seq,
-                        chunk,
-                    } if keeps => {
-                        let at = chunk_position(record_at, body, chunk.0);
-                        tables
-                            .chunks
-                            .get()?
-                            .insert(
-                                (stream_id, first_seq),
-                                &InLog::of(at, chunk.0)?.encode()[..],
-                            )
-                            .map_err(storage)?;
-                    }
-                    op => tables.apply(op)?,
-                }
+                tables.apply(op?, keeps.then_some((record_at, body)))?;
             }
             Ok(())
         })
