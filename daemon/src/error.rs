@@ -1,5 +1,6 @@
 //! The daemon's one error type, and its translation to wire error codes.
 
+use std::io;
 use std::path::PathBuf;
 
 use tether_protocol::ErrorCode;
@@ -98,4 +99,13 @@ impl Error {
             Error::AlreadyRunning { .. } | Error::Config(_) => ErrorCode::INTERNAL,
         }
     }
+}
+
+/// Whether an I/O failure means the disk (or a quota) is full: such a
+/// failure is reported as [`Error::DiskFull`].
+pub(crate) fn is_disk_full(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    ) || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }

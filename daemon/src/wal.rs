@@ -846,7 +846,7 @@ impl Wal {
 
     fn write_error(&self, e: &io::Error) -> Error {
         let detail = format!("cannot append to the log {}: {e}", self.path.display());
-        if crate::store::is_disk_full(e) {
+        if crate::error::is_disk_full(e) {
             Error::DiskFull { detail }
         } else {
             Error::Storage(detail)

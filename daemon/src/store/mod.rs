@@ -1,0 +1,406 @@
+//! The store: the only module that touches redb. This file holds the
+//! [`Store`] handle (opening, writing, recovering, closing) and the API
+//! the rest of the daemon uses, re-exported from the files beside it.
+//!
+//! One redb file (`tether.redb` in the state directory) holds every stream.
+//! The API is synchronous; callers keep it off async worker threads (the
+//! queue's writer thread owns all write transactions, readers use
+//! `spawn_blocking`).
+//!
+//! # Tables
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `streams` | stream name | postcard [`StreamMeta`] |
+//! | `chunks` | (stream id, first seq) | the frames of one group commit, or where the log keeps them (see below) |
+//! | `producers` | (stream id, producer) | (newest producer_seq, its stream seq) |
+//! | `consumers` | (stream id, consumer) | acked_through |
+//! | `meta` | key | u64 (schema version, next stream id, the log's marks) |
+//! | `executions` | execution id | encoded manifest (the supervisor's format) |
+//! | `checkpoints` | (execution id, checkpoint id) | a [`Record`](crate::checkpoint::Record) |
+//! | `steps` | (execution id, step name) | the step's recorded result |
+//!
+//! A stream's metadata, its frames, its producers' dedupe state and its
+//! consumers' acks change in the same write transaction, so after any crash
+//! they agree with each other. An execution's manifest is written in the
+//! same transaction as the lifecycle frames that announce its change, for
+//! the same reason. The store keeps manifests as opaque bytes: their layout
+//! belongs to the supervisor.
+//!
+//! # Chunks
+//!
+//! The frames one write transaction appends to a stream are stored as one
+//! value, a chunk, keyed by the seq of its first frame: a row per frame
+//! would cap ingest near redb's own rate of inserts, while a chunk costs
+//! one insert per stream per commit. The frame with seq K is in the chunk
+//! with the greatest key at or below (stream id, K), found with one reverse
+//! range query. A chunk is a `u32` little-endian frame count, then per frame
+//! a postcard `FrameHead` followed by the payload's bytes.
+//!
+//! Chunks hold exactly the retained frames: compaction deletes the chunks
+//! wholly below the new first seq and rewrites the one that straddles it,
+//! under the key of its first retained frame, so that no reader ever needs
+//! the stream's metadata to tell retained frames from deleted ones.
+//!
+//! Reads copy the part of a chunk they return into one buffer and hand out
+//! payloads as slices of it: one allocation per chunk read, not per frame.
+//!
+//! When the write-ahead log goes round (see [`crate::wal`], "Going
+//! round"), a logged transaction's chunk value is an
+//! [`InLog`](chunk::InLog) instead: where its bytes are in the log's
+//! record, read from there until the writer copies them in as the log
+//! comes round. Every reader of chunk values goes through one function,
+//! `chunk_bytes`.
+//!
+//! Schema version 2 introduced chunks; a version 1 file (one row per frame)
+//! is refused with a message naming the versions read, not migrated.
+//! Version 3 lets a chunk value be an [`InLog`](chunk::InLog): a
+//! version-2 store is marked 3 when its log first goes round, so that a
+//! build reading version 2 only refuses it rather than take such a value
+//! for an empty chunk.
+//!
+//! # Durability
+//!
+//! [`Store::write`] commits with redb's immediate durability.
+//! [`Store::write_logged`] describes the transaction's changes in a record of
+//! the write-ahead log (`tether.wal` beside the store, see [`crate::wal`]),
+//! appends it, and commits to redb without durability: the caller makes it
+//! durable by syncing the log. Any durable commit ([`Store::persist`] when
+//! nothing else is due) makes every earlier one durable too, after which
+//! no record is needed for a replay. The `meta` table's `wal_applied` is
+//! the number of the last record the state includes, written by each
+//! logged transaction itself (and, going round, with `wal_resume` and
+//! `wal_tail`, by each durable commit); opening the store applies the
+//! records above it.
+//!
+//! # Failures
+//!
+//! After a failed commit redb refuses further work on the same handle (it
+//! cannot know what reached the disk), so [`Store::recover`] reopens the file,
+//! letting redb's own recovery bring it back to its last durable commit,
+//! and applies the log's records again on top.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
+
+use redb::{Database, Durability};
+
+use crate::error::is_disk_full;
+use crate::syncer::Durable;
+use crate::wal::{self, CopyPace, LogReader, Wal};
+use crate::{Error, Result};
+
+mod chunk;
+mod read;
+mod recovery;
+mod schema;
+#[cfg(feature = "test-hooks")]
+mod test_hooks;
+#[cfg(test)]
+mod tests;
+mod txn;
+
+pub use chunk::{FrameSink, StoredFrame};
+pub use read::{ReadChunk, ReadLimits, Snapshot};
+pub use schema::{ProducerState, StreamMeta, SCHEMA_VERSION};
+#[cfg(feature = "test-hooks")]
+pub use test_hooks::corrupt_checkpoint_for_tests;
+pub use txn::{Deleted, FrameInfo, WriteTxn};
+
+use recovery::{going_round_with, open_database, replay};
+use schema::{LOG_KEEPS_CHUNKS_VERSION, META_SCHEMA_VERSION};
+use txn::{abort, commit, copy_kept_chunks, tables, write_in};
+
+/// The redb database file.
+#[derive(Debug)]
+pub struct Store {
+    path: PathBuf,
+    /// `None` once closed, or when reopening after a failure did not work.
+    db: RwLock<Option<Database>>,
+    closed: AtomicBool,
+    /// Set by a failed write: the handle must be reopened before the next one.
+    needs_reopen: AtomicBool,
+    /// The write-ahead log. Locked after `db` whenever both are.
+    wal: Mutex<Wal>,
+    /// Reads chunks the log keeps for the store, without its lock.
+    log: LogReader,
+}
+
+impl Store {
+    /// Opens the store at `path`, creating it when missing. A file that
+    /// exists but cannot be opened as a tether store is
+    /// [`Error::CorruptStore`]; the daemon must then refuse to start.
+    ///
+    /// The write-ahead log beside it (`path` with the extension `wal`) is
+    /// replayed before anything else happens: what it holds beyond the
+    /// store is applied (see the module docs, "Durability").
+    pub fn open(path: &Path) -> Result<Store> {
+        Self::open_with_log(path, wal::DEFAULT_CAPACITY)
+    }
+
+    /// [`Store::open`] with a log of `log_capacity` bytes, unless the log
+    /// already goes round: its positions are counted in the capacity it
+    /// had when it began to, which it keeps.
+    pub fn open_with_log(path: &Path, log_capacity: u64) -> Result<Store> {
+        let existed = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
+        let db = open_database(path)?;
+        let round = if existed {
+            going_round_with(&db, path)?
+        } else {
+            None
+        };
+        let capacity = match round {
+            Some(kept) if kept != log_capacity => {
+                tracing::warn!(
+                    "the log goes round {kept} bytes; the setting of {log_capacity} applies \
+                     to a new store"
+                );
+                kept
+            }
+            _ => log_capacity,
+        };
+        let mut log = Wal::open(&path.with_extension("wal"), capacity)?;
+        if !existed {
+            // A new store: a log left beside a store file that was removed
+            // belongs to that store, not to this one.
+            log.discard()?;
+        }
+        let store = Store {
+            path: path.to_path_buf(),
+            db: RwLock::new(Some(db)),
+            closed: AtomicBool::new(false),
+            needs_reopen: AtomicBool::new(false),
+            log: log.reader(),
+            wal: Mutex::new(log),
+        };
+        let version = store.init_schema()?;
+        if existed {
+            let guard = store.handle()?;
+            replay(guard_db(&guard)?, &mut store.wal())?;
+        }
+        if let Err(e) = store.wal().prepare() {
+            // Only a head start: zeros are written ahead of the records.
+            tracing::warn!("{e}");
+        }
+        store.settle_log(round.is_some(), version)?;
+        Ok(store)
+    }
+
+    /// Makes the store's durable marks say whether the log goes round, as
+    /// [`Wal::prepare`] decided (`marked`: they said it did when the store
+    /// was opened): a replay then reads the log the way it was written.
+    /// A log going round marks a store of an older `version` with
+    /// [`LOG_KEEPS_CHUNKS_VERSION`] first. Only a store that changes over
+    /// commits anything.
+    fn settle_log(&self, marked: bool, version: u64) -> Result<()> {
+        let ring = {
+            let mut log = self.wal();
+            if log.is_ring() && !marked {
+                log.start_round_here();
+            }
+            log.is_ring()
+        };
+        let mark_version = ring && version < LOG_KEEPS_CHUNKS_VERSION;
+        if ring != marked || mark_version {
+            self.write(|txn| {
+                if mark_version {
+                    txn.meta
+                        .get()?
+                        .insert(META_SCHEMA_VERSION, LOG_KEEPS_CHUNKS_VERSION)
+                        .map_err(storage)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Copies chunks the log keeps for the store into it, when the log's
+    /// records are getting near them (see [`crate::wal`], "Going round"):
+    /// one step at `pace`, committed without durability. Returns whether
+    /// the store should now be persisted, so that the records can go over
+    /// them.
+    pub fn copy_from_log(&self, pace: CopyPace) -> Result<bool> {
+        let guard = self.handle()?;
+        let db = guard_db(&guard)?;
+        let mut log = self.wal();
+        let budget = log.copy_budget(pace);
+        if budget > 0 {
+            let copied = db.begin_write().map_err(storage).and_then(|mut txn| {
+                let mut tables = tables(&txn, &self.log, None);
+                match copy_kept_chunks(&mut tables, &log, budget) {
+                    Ok(to) => {
+                        drop(tables);
+                        txn.set_durability(Durability::None).map_err(storage)?;
+                        commit(txn).map(|()| to)
+                    }
+                    Err(e) => {
+                        drop(tables);
+                        abort(txn);
+                        Err(e)
+                    }
+                }
+            });
+            match copied {
+                Ok(to) => log.copied_to(to),
+                Err(e) => {
+                    self.needs_reopen.store(true, Ordering::Release);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(log.wants_persist())
+    }
+
+    /// Going round: whether the log has chunks to copy into the store in
+    /// idle time (see [`Store::copy_from_log`]).
+    pub fn wants_copying(&self) -> bool {
+        self.wal().copy_budget(CopyPace::Idle) > 0
+    }
+
+    /// The write-ahead log, for the syncer (see [`Wal::sync_handle`]).
+    pub fn wal_sync_handle(&self) -> wal::SyncHandle {
+        let store = std::fs::File::open(&self.path)
+            .ok()
+            .map(std::sync::Arc::new);
+        self.wal().sync_handle(store)
+    }
+
+    /// The ticket of the last record appended to the write-ahead log.
+    pub fn wal_written(&self) -> u64 {
+        self.wal().written()
+    }
+
+    /// Since when the write-ahead log has held commits the store may not
+    /// hold durably; `None` when the store holds every commit itself.
+    pub fn unpersisted_since(&self) -> Option<std::time::Instant> {
+        self.wal().holding_since()
+    }
+
+    fn wal(&self) -> std::sync::MutexGuard<'_, Wal> {
+        self.wal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Size of the store file on disk, 0 when it cannot be read.
+    pub fn file_size(&self) -> u64 {
+        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// The database handle for one operation. Holding the read guard keeps
+    /// [`Store::recover`] and [`Store::close`] from swapping the handle
+    /// underneath the operation.
+    fn handle(&self) -> Result<RwLockReadGuard<'_, Option<Database>>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        Ok(self.db.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Runs `f` in one write transaction and commits it with
+    /// [`Durability::Immediate`]: when this returns `Ok`, everything `f` wrote
+    /// is on disk. When `f` or the commit fails nothing of it is stored, and
+    /// the handle is marked for [`Store::recover`].
+    pub fn write<T>(&self, f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>) -> Result<T> {
+        self.write_as(None::<fn(u64)>, f).map(|(value, _)| value)
+    }
+
+    /// Runs `f` in one write transaction and commits it through the
+    /// write-ahead log when the log can describe everything `f` did (see
+    /// [`crate::wal`]): the commit is then durable once the log is synced
+    /// through the returned ticket, and this process sees it at once.
+    /// Otherwise (a change the log does not describe, or a full log) the
+    /// commit is durable when this returns, like [`Store::write`].
+    ///
+    /// `appended` is told the ticket as soon as the record is in the log,
+    /// before redb commits: the log's sync can then run while redb works.
+    pub fn write_logged<T>(
+        &self,
+        f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
+        appended: impl FnOnce(u64),
+    ) -> Result<(T, Durable)> {
+        self.write_as(Some(appended), f)
+    }
+
+    /// Makes every commit so far durable in the store itself, so that no
+    /// record of the log is needed for a replay (it starts again from its
+    /// beginning, or, going round, goes on over the chunks copied).
+    pub fn persist(&self) -> Result<()> {
+        self.write(|_| Ok(()))
+    }
+
+    /// Logs the commit when `appended` is given (see [`Store::write_logged`]).
+    fn write_as<T>(
+        &self,
+        appended: Option<impl FnOnce(u64)>,
+        f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
+    ) -> Result<(T, Durable)> {
+        let guard = self.handle()?;
+        let db = guard_db(&guard)?;
+        let result = write_in(db, &mut self.wal(), &self.log, appended, f);
+        if result.is_err() {
+            self.needs_reopen.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Reopens the database after a failed write, so that the next write
+    /// starts from the last commit. A no-op when nothing failed.
+    pub fn recover(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        let mut slot = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_some() && !self.needs_reopen.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // redb holds an exclusive lock on the file: the old handle must be
+        // gone before the file can be opened again.
+        drop(slot.take());
+        let db = open_database(&self.path)?;
+        // Commits that reached the log but not the store (the one that
+        // failed, if its record was written) are applied again.
+        replay(&db, &mut self.wal())?;
+        *slot = Some(db);
+        self.needs_reopen.store(false, Ordering::Release);
+        tracing::info!(path = %self.path.display(), "store reopened after a failed write");
+        Ok(())
+    }
+
+    /// Closes the database. Later operations fail with
+    /// [`Error::ShuttingDown`].
+    pub fn close(&self) -> Result<()> {
+        self.closed.store(true, Ordering::Release);
+        let mut slot = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        match slot.take() {
+            Some(db) => db.close().map_err(storage),
+            None => Ok(()),
+        }
+    }
+}
+
+fn guard_db<'g>(guard: &'g RwLockReadGuard<'_, Option<Database>>) -> Result<&'g Database> {
+    guard.as_ref().ok_or_else(|| {
+        Error::Storage(
+            "the store is unavailable: reopening it after a failed write did not work".into(),
+        )
+    })
+}
+
+/// Maps any redb failure to the daemon's error: a full disk (or quota) is
+/// [`Error::DiskFull`], so that producers can tell it from other failures.
+fn storage(e: impl Into<redb::Error>) -> Error {
+    let e: redb::Error = e.into();
+    match &e {
+        redb::Error::Io(io) if is_disk_full(io) => Error::DiskFull {
+            detail: io.to_string(),
+        },
+        redb::Error::DatabaseClosed => Error::ShuttingDown,
+        _ => Error::Storage(e.to_string()),
+    }
+}

@@ -1,0 +1,174 @@
+//! The store's layout on disk: its tables, the keys of its `meta` table,
+//! the schema versions this build reads and writes, and the creation of
+//! the tables in a new file, kept together so that a change of layout is
+//! made in one place.
+
+use redb::{ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::txn::commit;
+use super::{guard_db, storage, Store};
+use crate::{Error, Result};
+
+/// The layout version this build writes into a new store. A file with a
+/// version outside [`OLDEST_SCHEMA_VERSION`]`..=`this is refused rather
+/// than misread.
+pub const SCHEMA_VERSION: u64 = 3;
+
+/// The oldest layout version this build reads: 2, frames in chunks.
+const OLDEST_SCHEMA_VERSION: u64 = 2;
+
+/// The first layout version whose chunk values may name bytes kept in the
+/// log (an [`InLog`](super::chunk::InLog)), which a build that reads
+/// version 2 only would take for an empty chunk. A version-2 store is
+/// marked so before its log first goes round; one whose log does not go
+/// round stays readable by such a build.
+pub(super) const LOG_KEEPS_CHUNKS_VERSION: u64 = 3;
+
+pub(super) const STREAMS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("streams");
+pub(super) const CHUNKS: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("chunks");
+pub(super) const PRODUCERS: TableDefinition<'_, (u64, &str), (u64, u64)> =
+    TableDefinition::new("producers");
+pub(super) const CONSUMERS: TableDefinition<'_, (u64, &str), u64> =
+    TableDefinition::new("consumers");
+pub(super) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+pub(super) const EXECUTIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("executions");
+pub(super) const CHECKPOINTS: TableDefinition<'_, (&str, u64), &[u8]> =
+    TableDefinition::new("checkpoints");
+pub(super) const STEPS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("steps");
+
+pub(super) const META_SCHEMA_VERSION: &str = "schema_version";
+pub(super) const META_NEXT_STREAM_ID: &str = "next_stream_id";
+/// The number of the last write-ahead log record this state includes (see
+/// [`crate::wal`]); missing means none.
+pub(super) const META_WAL_APPLIED: &str = "wal_applied";
+/// Going round (see [`crate::wal`]): where the record after `wal_applied`
+/// goes in the log, as of the last durable commit; missing when the log
+/// does not go round.
+pub(super) const META_WAL_RESUME: &str = "wal_resume";
+/// Going round: the oldest position in the log of a chunk it keeps for
+/// the store, as of the last durable commit.
+pub(super) const META_WAL_TAIL: &str = "wal_tail";
+/// Going round: the log's capacity, which its positions are counted in
+/// (kept while the log goes round, whatever the setting says).
+pub(super) const META_WAL_CAPACITY: &str = "wal_capacity";
+
+/// Per-stream bookkeeping, stored beside the frames it describes.
+///
+/// Postcard is not self-describing: the field order is the on-disk format.
+/// Invariants: the retained frames are exactly `first_seq..=last_seq`
+/// (`first_seq == last_seq + 1` when none are), `frames` counts them and
+/// `bytes` sums their payload lengths.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StreamMeta {
+    /// Internal id, used in the other tables' keys so that names are stored once.
+    pub id: u64,
+    /// First retained seq.
+    pub first_seq: u64,
+    /// Last seq ever assigned; 0 before the first frame.
+    pub last_seq: u64,
+    /// Retained frames.
+    pub frames: u64,
+    /// Retained payload bytes.
+    pub bytes: u64,
+    /// When the stream was created, microseconds since the Unix epoch.
+    pub created_micros: u64,
+}
+
+impl StreamMeta {
+    /// A new, empty stream.
+    pub fn new(id: u64, created_micros: u64) -> Self {
+        Self {
+            id,
+            first_seq: 1,
+            last_seq: 0,
+            frames: 0,
+            bytes: 0,
+            created_micros,
+        }
+    }
+}
+
+/// A producer's dedupe state on one stream: the newest `producer_seq` stored
+/// and the stream seq it got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProducerState {
+    pub producer_seq: u64,
+    pub seq: u64,
+}
+
+impl Store {
+    /// Creates the tables and checks the schema version; returns it.
+    /// Nothing is committed when the version is wrong.
+    pub(super) fn init_schema(&self) -> Result<u64> {
+        let guard = self.handle()?;
+        let db = guard_db(&guard)?;
+        let txn = db.begin_write().map_err(storage)?;
+        let version = {
+            txn.open_table(STREAMS).map_err(storage)?;
+            txn.open_table(CHUNKS).map_err(storage)?;
+            txn.open_table(PRODUCERS).map_err(storage)?;
+            txn.open_table(CONSUMERS).map_err(storage)?;
+            // Added in version 1 without a version bump: such a file
+            // simply got the empty table, and older builds ignored it.
+            txn.open_table(EXECUTIONS).map_err(storage)?;
+            txn.open_table(CHECKPOINTS).map_err(storage)?;
+            txn.open_table(STEPS).map_err(storage)?;
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            let version = meta
+                .get(META_SCHEMA_VERSION)
+                .map_err(storage)?
+                .map(|v| v.value());
+            match version {
+                Some(known) if (OLDEST_SCHEMA_VERSION..=SCHEMA_VERSION).contains(&known) => {}
+                Some(other) => {
+                    return Err(Error::CorruptStore {
+                        path: self.path.clone(),
+                        detail: format!(
+                            "schema version {other}; this build reads versions \
+                             {OLDEST_SCHEMA_VERSION} to {SCHEMA_VERSION} (version 2 stores frames \
+                             in chunks, and older files are not converted; a newer version needs \
+                             a newer build)"
+                        ),
+                    })
+                }
+                None => {
+                    meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
+                        .map_err(storage)?;
+                    meta.insert(META_NEXT_STREAM_ID, 1).map_err(storage)?;
+                }
+            }
+            version.unwrap_or(SCHEMA_VERSION)
+        };
+        commit(txn).map(|()| version)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::store::tests::{store_version, stored_version, SMALL_LOG};
+
+    #[test]
+    fn a_store_of_an_unknown_schema_version_is_refused_naming_the_versions_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+        store.close().unwrap();
+        drop(store);
+        for version in [1, 4] {
+            store_version(&path, version);
+            let err = Store::open_with_log(&path, SMALL_LOG).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, Error::CorruptStore { .. }), "{text}");
+            assert!(
+                text.contains(&format!("schema version {version};")),
+                "{text}"
+            );
+            assert!(text.contains("reads versions 2 to 3"), "{text}");
+            assert_eq!(stored_version(&path), version, "nothing committed");
+        }
+    }
+}

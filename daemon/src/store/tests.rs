@@ -1,0 +1,341 @@
+//! The tests of the store as a whole (opening, the log going round under
+//! writes, reads and crashes, redb's failures as the daemon's errors),
+//! and the helpers that the tests of every file of the store share.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use redb::{Database, ReadableDatabase, ReadableTable};
+use tether_protocol::{Frame, FrameKind};
+
+use super::chunk::InLog;
+use super::schema::{StreamMeta, CHUNKS, META, META_SCHEMA_VERSION, SCHEMA_VERSION};
+use super::{guard_db, storage, ReadLimits, Store, WriteTxn};
+use crate::syncer::Durable;
+use crate::wal::CopyPace;
+use crate::{Error, Result};
+
+pub(super) fn frame(payload: &'static [u8]) -> Frame {
+    Frame {
+        ts_micros: 1_700_000_000_000_000,
+        kind: FrameKind::Stdout,
+        payload: Bytes::from_static(payload),
+    }
+}
+
+pub(super) fn store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("t.redb")).unwrap();
+    (dir, store)
+}
+
+/// Stores seqs `from..=to` of stream 7 in one transaction (one chunk),
+/// each with a payload naming its seq.
+pub(super) fn put(store: &Store, from: u64, to: u64) {
+    store.write(|txn| put_frames(txn, from, to)).unwrap();
+}
+
+/// Frames `from` to `to` of stream 7, each with its seq as timestamp.
+pub(super) fn put_frames(txn: &mut WriteTxn<'_>, from: u64, to: u64) -> Result<()> {
+    for seq in from..=to {
+        let payload = Bytes::from(format!("frame {seq}"));
+        let f = Frame {
+            ts_micros: seq,
+            kind: FrameKind::Data,
+            payload,
+        };
+        txn.put_frame(7, seq, &f)?;
+    }
+    Ok(())
+}
+
+/// Stores stream "s" (id 7) as holding seqs 1 to `last`.
+pub(super) fn stream_s_through(store: &Store, last: u64) {
+    let meta = StreamMeta {
+        id: 7,
+        first_seq: 1,
+        last_seq: last,
+        frames: last,
+        bytes: 0,
+        created_micros: 0,
+    };
+    store.write(|txn| txn.put_stream("s", &meta)).unwrap();
+}
+
+pub(super) fn frame_of(payload: &[u8]) -> Frame {
+    Frame {
+        ts_micros: 1,
+        kind: FrameKind::Data,
+        payload: Bytes::copy_from_slice(payload),
+    }
+}
+
+/// The store and log files as a crash would leave them now: copied
+/// while the store is open, so the copy has the store's last durable
+/// commit and whatever the log holds.
+pub(super) fn crash_copy(from: &Path, to: &Path, with_log: bool) -> PathBuf {
+    let copy = to.join("t.redb");
+    std::fs::copy(from, &copy).unwrap();
+    if with_log {
+        std::fs::copy(from.with_extension("wal"), copy.with_extension("wal")).unwrap();
+    }
+    copy
+}
+
+/// Logs consumer "c" of stream 7 as acked through `through`.
+pub(super) fn log_ack(store: &Store, through: u64) -> Durable {
+    store
+        .write_logged(|txn| txn.put_consumer(7, "c", through), |_| {})
+        .unwrap()
+        .1
+}
+
+pub(super) fn stored_ts(store: &Store, from: u64, to: u64) -> Vec<Option<u64>> {
+    (from..=to)
+        .map(|seq| store.frame_ts(7, seq).unwrap())
+        .collect()
+}
+
+/// What [`stored_ts`] of seqs 1 to 10 shows when `kept` are stored
+/// with their seq as their timestamp.
+pub(super) fn ts_of_only(kept: std::ops::RangeInclusive<u64>) -> Vec<Option<u64>> {
+    (1..=10)
+        .map(|seq| kept.contains(&seq).then_some(seq))
+        .collect()
+}
+
+/// The schema version the store file at `path` (closed) says it has.
+pub(super) fn stored_version(path: &Path) -> u64 {
+    let db = Database::open(path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let meta = txn.open_table(META).unwrap();
+    let version = meta.get(META_SCHEMA_VERSION).unwrap().unwrap().value();
+    version
+}
+
+/// Writes `version` into the store file at `path` (closed), as a build
+/// of that version would have left it.
+pub(super) fn store_version(path: &Path, version: u64) {
+    let db = Database::open(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    txn.open_table(META)
+        .unwrap()
+        .insert(META_SCHEMA_VERSION, version)
+        .unwrap();
+    txn.commit().unwrap();
+}
+
+/// A log capacity no filesystem has four times over: the log is not
+/// prepared, so it does not go round.
+pub(super) const UNPREPARED_LOG: u64 = 1 << 60;
+
+/// A log small enough to go round every few dozen commits.
+pub(super) const SMALL_LOG: u64 = 128 * 1024;
+
+/// A KiB of payload naming `seq`.
+pub(super) fn kib_payload(seq: u64) -> Bytes {
+    let mut payload = format!("frame {seq} ").into_bytes();
+    payload.resize(1024, b'.');
+    Bytes::from(payload)
+}
+
+/// Logs frames `from..=to` of stream 7 (a KiB each, see
+/// [`kib_payload`]), then tends the log as the writer does between
+/// batches: copies a step and persists when asked to.
+pub(super) fn logged_frames(store: &Store, from: u64, to: u64) {
+    store
+        .write_logged(
+            |txn| {
+                for seq in from..=to {
+                    let f = Frame {
+                        ts_micros: seq,
+                        kind: FrameKind::Data,
+                        payload: kib_payload(seq),
+                    };
+                    txn.put_frame(7, seq, &f)?;
+                }
+                Ok(())
+            },
+            |_| {},
+        )
+        .unwrap();
+    if store.copy_from_log(CopyPace::Pressed).unwrap() {
+        store.persist().unwrap();
+    }
+}
+
+/// Every frame of stream 7 ("s") from 1 to `last`, read back whole.
+pub(super) fn assert_all_frames(store: &Store, last: u64) {
+    let mut next = 1;
+    while next <= last {
+        let read = store
+            .read_frames(
+                "s",
+                next,
+                ReadLimits {
+                    max_frames: 1000,
+                    max_bytes: usize::MAX,
+                    through_seq: last,
+                },
+            )
+            .unwrap();
+        for (seq, f) in &read.frames {
+            assert_eq!(*seq, next);
+            assert_eq!(f.payload, kib_payload(next), "frame {next}");
+            next += 1;
+        }
+    }
+    assert_eq!(next, last + 1);
+}
+
+/// How many of stream 7's chunks the log keeps, and how many the store.
+pub(super) fn where_chunks_are(store: &Store) -> (usize, usize) {
+    let guard = store.handle().unwrap();
+    let txn = guard_db(&guard).unwrap().begin_read().unwrap();
+    let chunks = txn.open_table(CHUNKS).unwrap();
+    let mut counts = (0, 0);
+    for item in chunks.iter().unwrap() {
+        let (_, value) = item.unwrap();
+        match InLog::parse(value.value()) {
+            Some(_) => counts.0 += 1,
+            None => counts.1 += 1,
+        }
+    }
+    counts
+}
+
+#[test]
+fn a_new_store_does_not_take_the_log_of_a_removed_one() {
+    let (dir, store) = store();
+    let path = dir.path().join("t.redb");
+    for through in 1..=3 {
+        log_ack(&store, through);
+    }
+    store.persist().unwrap();
+    store.close().unwrap();
+    drop(store);
+    // The records stay in the log's file, which was kept for reuse.
+    let log = path.with_extension("wal");
+    assert!(std::fs::metadata(&log).unwrap().len() > 0);
+    std::fs::remove_file(&path).unwrap();
+
+    let store = Store::open(&path).unwrap();
+    // Emptied, then prepared: zeros where the old records were.
+    let mut start = vec![1u8; 4096];
+    std::fs::File::open(&log)
+        .unwrap()
+        .read_exact(&mut start)
+        .unwrap();
+    assert!(start.iter().all(|&b| b == 0), "old records in the log");
+    log_ack(&store, 9);
+    // Had the old records stayed, the removed store's second and third
+    // (numbered 2 and 3, the same size) would follow the new first.
+    let crashed = tempfile::tempdir().unwrap();
+    let copy = crash_copy(&path, crashed.path(), true);
+    let reopened = Store::open(&copy).unwrap();
+    assert_eq!(
+        reopened.load().unwrap().consumers,
+        vec![(7, "c".to_owned(), 9)]
+    );
+}
+
+#[test]
+fn a_version_2_store_is_marked_3_when_its_log_first_goes_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.redb");
+    let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
+    assert!(!store.wal().is_ring());
+    logged_frames(&store, 1, 10);
+    store.close().unwrap();
+    drop(store);
+    assert_eq!(stored_version(&path), SCHEMA_VERSION, "a new store");
+    // As a build that knows version 2 only left it.
+    store_version(&path, 2);
+
+    // Its log still not going round, it stays readable by such a build.
+    let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
+    logged_frames(&store, 11, 20);
+    store.close().unwrap();
+    drop(store);
+    assert_eq!(stored_version(&path), 2);
+
+    // Going round, chunk values may name the log's bytes: version 3,
+    // and the frames from before read back whole.
+    let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+    assert!(store.wal().is_ring());
+    logged_frames(&store, 21, 30);
+    assert_eq!(where_chunks_are(&store).0, 1, "a chunk kept in the log");
+    stream_s_through(&store, 30);
+    assert_all_frames(&store, 30);
+    store.close().unwrap();
+    drop(store);
+    assert_eq!(stored_version(&path), 3);
+}
+
+#[test]
+fn chunks_kept_in_the_log_stay_readable_as_it_goes_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.redb");
+    let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+    assert!(store.wal().is_ring());
+    logged_frames(&store, 1, 10);
+    stream_s_through(&store, 10);
+    // The commit's chunk is where its record is, not in the store.
+    assert_eq!(where_chunks_are(&store), (1, 0));
+    assert_all_frames(&store, 10);
+
+    // Four laps, crash copies taken along the way.
+    let mut last = 10;
+    let mut crashes = Vec::new();
+    while last < 4 * SMALL_LOG / 1024 {
+        logged_frames(&store, last + 1, last + 10);
+        last += 10;
+        if last % 70 == 0 {
+            let crashed = tempfile::tempdir().unwrap();
+            let copy = crash_copy(&path, crashed.path(), true);
+            crashes.push((crashed, copy, last));
+        }
+    }
+    stream_s_through(&store, last);
+    assert_all_frames(&store, last);
+    let (in_log, in_store) = where_chunks_are(&store);
+    assert!(
+        in_log > 0 && in_store > 0,
+        "{in_log} in the log, {in_store} copied"
+    );
+
+    // Each crash copy comes back with every frame it had logged (its
+    // stream's metadata says 10: the frames after it are read by seq).
+    for (_dir, copy, logged) in crashes {
+        let reopened = Store::open_with_log(&copy, SMALL_LOG).unwrap();
+        let ts: Vec<Option<u64>> = (1..=logged)
+            .map(|seq| reopened.frame_ts(7, seq).unwrap())
+            .collect();
+        let expected: Vec<Option<u64>> = (1..=logged).map(Some).collect();
+        assert_eq!(ts, expected, "crash copy after frame {logged}");
+    }
+    store.close().unwrap();
+    drop(store);
+    // Reopened after a clean close, and going on from there.
+    let reopened = Store::open_with_log(&path, SMALL_LOG).unwrap();
+    assert_all_frames(&reopened, last);
+    logged_frames(&reopened, last + 1, last + 10);
+    assert_eq!(reopened.frame_ts(7, last + 10).unwrap(), Some(last + 10));
+}
+
+#[test]
+fn enospc_is_disk_full() {
+    let e = io::Error::from_raw_os_error(libc::ENOSPC);
+    assert!(matches!(
+        storage(redb::StorageError::Io(e)),
+        Error::DiskFull { .. }
+    ));
+    let e = io::Error::from_raw_os_error(libc::EIO);
+    assert!(matches!(
+        storage(redb::StorageError::Io(e)),
+        Error::Storage(_)
+    ));
+}
