@@ -189,6 +189,7 @@ fn is_read(request: &Request) -> bool {
         Request::Hello(_)
         | Request::ListStreams
         | Request::Status
+        | Request::Storage
         | Request::ListExecutions { .. }
         | Request::CheckpointList { .. }
         | Request::CheckpointLoad { .. }

@@ -29,8 +29,8 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use tether_protocol::codec::{decode_wire_message, peek_hello_version};
 use tether_protocol::{
     validate_name, Appended, Capabilities, DurableAck, DurableResume, ErrorCode, ErrorFrame, Hello,
-    HelloOk, Request, Response, ServerCodec, ShimHello, StartAt, StatusInfo, Subscribe, Subscribed,
-    WorkerExited, PROTOCOL_VERSION,
+    HelloOk, Request, Response, ServerCodec, ShimHello, StartAt, StatusInfo, StorageFault,
+    StorageState, Subscribe, Subscribed, WorkerExited, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -179,6 +179,15 @@ pub async fn run(
         }
         Err(refusal) if refusal.client_gone => {
             tracing::debug!("client went away: {}", refusal.message);
+        }
+        Err(refusal)
+            if refusal.code == ErrorCode::STORAGE_FULL || refusal.code == ErrorCode::STORAGE =>
+        {
+            // A degraded store refuses every write until it clears, and
+            // says so in the log itself (see `crate::degraded`): a line per
+            // refused producer would fill the journal instead.
+            tracing::debug!(code = %refusal.code, "closing connection: {}", refusal.message);
+            session.send_error(refusal).await;
         }
         Err(refusal) => {
             tracing::warn!(code = %refusal.code, "closing connection: {}", refusal.message);
@@ -331,6 +340,13 @@ impl Session {
         if per_frame && std::mem::replace(&mut self.logged_writes, true) {
             return;
         }
+        if per_frame && self.shared.queue.storage_fault().is_some() {
+            // Producers retrying against a degraded store reconnect every
+            // few seconds; their sessions are refused, and the fault is
+            // logged once (see `crate::degraded`).
+            tracing::debug!(uid = self.peer.uid(), request, target, "control request");
+            return;
+        }
         tracing::info!(
             uid = self.peer.uid(),
             pid = self.peer.pid(),
@@ -448,6 +464,18 @@ impl Session {
             Request::Status => {
                 let status = self.status();
                 self.send_all(vec![Response::Status(status)]).await
+            }
+            Request::Storage => {
+                let degraded = self.shared.queue.storage_fault().map(|fault| StorageFault {
+                    cause: fault.cause,
+                    full: fault.full,
+                    since_micros: fault
+                        .since
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+                });
+                let state = StorageState { degraded };
+                self.send_all(vec![Response::Storage(state)]).await
             }
             Request::Run(mut spec) => {
                 // `[restart] max_restarts` of the config file: the limit of

@@ -18,7 +18,7 @@ pub enum Error {
     AlreadyRunning { dir: PathBuf, holder: String },
 
     /// The disk holding the store is full; nothing of the failed commit was stored.
-    #[error("disk full: the store could not commit ({detail})")]
+    #[error("storage full: {detail}")]
     DiskFull { detail: String },
 
     /// Any other storage failure; the operation was not carried out.

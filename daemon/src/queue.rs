@@ -40,6 +40,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::checkpoint::{self, Resume};
 use crate::config::Retention;
+use crate::degraded::{Degradation, Fault, StorageHealth};
 use crate::hub::{FollowerBudget, Hub, StreamUpdate};
 use crate::ingest::{self, IngestAppend};
 use crate::store::{ProducerState, Snapshot, Store, StreamMeta, WriteTxn};
@@ -158,6 +159,8 @@ struct Inner {
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Permits for [`IN_FLIGHT_BUDGET`], one per byte.
     in_flight: Arc<Semaphore>,
+    /// Whether the store can be written (see [`crate::degraded`]).
+    health: StorageHealth,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -175,6 +178,7 @@ impl Queue {
         let snapshot = store.load()?;
         let checkpoint_refs = Arc::new(Mutex::new(newest_valid_checkpoints(&store)?));
         let hub = Arc::new(Hub::new(FollowerBudget::default()));
+        let health = StorageHealth::default();
         let (tx, rx) = mpsc::channel(COMMAND_CAPACITY);
         let mut writer = Writer {
             store: store.clone(),
@@ -185,6 +189,10 @@ impl Queue {
             rx,
             state: State::default(),
             healthy: true,
+            degraded: None,
+            health: health.clone(),
+            held_acks: BTreeMap::new(),
+            cleared_at: None,
             failed_from: HashMap::new(),
             last_ts: 0,
             dirty: VecDeque::new(),
@@ -207,6 +215,7 @@ impl Queue {
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
                 in_flight: Arc::new(Semaphore::new(IN_FLIGHT_BUDGET)),
+                health,
             }),
         })
     }
@@ -460,6 +469,11 @@ impl Queue {
     }
 
     /// Size of the store file on disk.
+    /// The fault the store is degraded by, if writes are refused now.
+    pub fn storage_fault(&self) -> Option<Fault> {
+        self.inner.health.fault()
+    }
+
     pub fn store_bytes(&self) -> u64 {
         self.inner.store.file_size()
     }
@@ -951,6 +965,15 @@ struct Writer {
     state: State,
     /// False after a failed commit until the caches are reloaded.
     healthy: bool,
+    /// Set while the store cannot be written (see [`crate::degraded`]):
+    /// writes are refused, background work rests, a retry is scheduled.
+    degraded: Option<Degradation>,
+    health: StorageHealth,
+    /// Consumers' acks received while degraded, by (stream, consumer):
+    /// recorded once writing resumes.
+    held_acks: BTreeMap<(String, String), u64>,
+    /// When degraded mode last ended.
+    cleared_at: Option<Instant>,
     /// The last timestamp given to a frame; frames never go back in time.
     last_ts: u64,
     /// Streams that may have frames to compact or expire, oldest first.
@@ -1074,6 +1097,12 @@ impl Writer {
     }
 
     fn next_wakeup(&self) -> Option<Instant> {
+        if let Some(degraded) = &self.degraded {
+            // Nothing else runs while degraded (see `idle_work`): a timer
+            // of another kind already due would wake the writer for
+            // nothing, over and over.
+            return Some(degraded.next_retry());
+        }
         let age = self.opts.retention.max_age.map(|_| self.next_age_check);
         let pause = self
             .compaction_paused_until
@@ -1097,6 +1126,16 @@ impl Writer {
     }
 
     fn idle_work(&mut self) {
+        if self
+            .degraded
+            .as_ref()
+            .is_some_and(|d| d.is_due(Instant::now()))
+        {
+            self.retry_storage();
+        }
+        if self.degraded.is_some() {
+            return;
+        }
         if let Some(t) = self.compaction_paused_until {
             if Instant::now() >= t {
                 self.compaction_paused_until = None;
@@ -1159,6 +1198,145 @@ impl Writer {
         }
     }
 
+    /// Enters degraded mode for `fault`, unless already in it.
+    fn degrade(&mut self, fault: Fault) {
+        self.healthy = false;
+        if self.degraded.is_none() {
+            let began = Degradation::begin(fault, &self.health, Instant::now(), self.cleared_at);
+            self.degraded = Some(began);
+        }
+    }
+
+    /// Tries the store again while degraded: reopens it if a failed write
+    /// left it unusable, makes the log trustworthy again after a failed
+    /// sync, and commits durably. If that works, writing resumes and the
+    /// acks held meanwhile are recorded; otherwise the next try is
+    /// scheduled.
+    fn retry_storage(&mut self) {
+        let Some(mut degraded) = self.degraded.take() else {
+            return;
+        };
+        match self.try_storage() {
+            Ok(()) => {
+                degraded.clear(&self.health, Instant::now());
+                self.cleared_at = Some(Instant::now());
+                self.record_held_acks();
+            }
+            Err(e) => {
+                degraded.retry_failed(Fault::of(&e), &self.health, Instant::now());
+                self.degraded = Some(degraded);
+            }
+        }
+    }
+
+    fn try_storage(&mut self) -> Result<()> {
+        self.store.recover()?;
+        if let Some(cause) = self.syncer.failure() {
+            // After a failed sync nothing appended since the last good one
+            // can be trusted to be on disk: what this process wrote is
+            // written again, from its own view of the log, and synced.
+            self.store
+                .rewrite_log()
+                .map_err(|e| Error::Storage(format!("{cause}; writing it again failed: {e}")))?;
+        }
+        self.store.log_has_room()?;
+        self.store.persist()?;
+        // The durable commit ends the failed sync's effect; the writer
+        // must see that before its next commit.
+        self.syncer.after(Durable::Committed, Box::new(|_| {}));
+        self.syncer.wait_for_jobs();
+        let snapshot = self.store.load()?;
+        self.install(snapshot);
+        self.healthy = true;
+        Ok(())
+    }
+
+    /// Records the acks held while degraded, in one commit of their own.
+    fn record_held_acks(&mut self) {
+        if self.held_acks.is_empty() {
+            return;
+        }
+        let held = std::mem::take(&mut self.held_acks);
+        let store = self.store.clone();
+        let committed = store.write_logged(
+            |txn| {
+                for ((stream, consumer), through) in &held {
+                    // Checked when held; a stream removed since is skipped.
+                    let _refused = self.apply_ack(txn, stream, consumer, *through)?;
+                }
+                Ok(())
+            },
+            |_| {},
+        );
+        match committed {
+            Ok(((), durable)) => self.syncer.after_sharing(durable, Box::new(|_| {})),
+            Err(e) => {
+                tracing::debug!("recording the acks held while degraded failed: {e}");
+                self.held_acks = held;
+                self.after_failure("recording held acks", &e);
+            }
+        }
+    }
+
+    /// Answers a batch while degraded, without touching the store: acks
+    /// that are valid are held (and answered), a consumer already known
+    /// is answered from the caches, and every other request is refused
+    /// with the fault, so that its sender keeps what it sent and retries.
+    fn refuse_while_degraded(
+        &mut self,
+        requests: Vec<Request>,
+        replies: Vec<Reply>,
+        in_flight: Vec<OwnedSemaphorePermit>,
+    ) {
+        let Some(fault) = self.degraded.as_ref().map(|d| d.fault().clone()) else {
+            return;
+        };
+        let answers = requests
+            .into_iter()
+            .zip(replies)
+            .map(|(request, reply)| {
+                let result = match request {
+                    Request::Ack {
+                        stream,
+                        consumer,
+                        through_seq,
+                    } => self.hold_ack(stream, consumer, through_seq),
+                    Request::OpenConsumer { stream, consumer } => self
+                        .state
+                        .streams
+                        .get(&stream)
+                        .and_then(|s| s.consumers.get(&consumer))
+                        .map(|&acked| {
+                            let held = self.held_acks.get(&(stream.clone(), consumer.clone()));
+                            Outcome::Consumer(held.copied().unwrap_or(acked).max(acked))
+                        })
+                        .ok_or_else(|| fault.refusal()),
+                    _ => Err(fault.refusal()),
+                };
+                (reply, result)
+            })
+            .collect();
+        self.answer(Durable::Nothing, None, answers, in_flight);
+    }
+
+    /// Holds a consumer's ack while degraded, after the checks
+    /// `apply_ack` makes.
+    fn hold_ack(&mut self, stream: String, consumer: String, through_seq: u64) -> Result<Outcome> {
+        validate_name("consumer", &consumer)?;
+        let Some(s) = self.state.streams.get(&stream) else {
+            return Err(Error::StreamNotFound(stream));
+        };
+        if through_seq > s.meta.last_seq {
+            return Err(Error::InvalidRequest(format!(
+                "ack through seq {through_seq} is beyond the last seq {} of stream {stream}",
+                s.meta.last_seq
+            )));
+        }
+        let held = self.held_acks.entry((stream, consumer)).or_insert(0);
+        *held = (*held).max(through_seq);
+        Ok(Outcome::Done)
+    }
+
     /// Replaces the caches with `snapshot` and tells the hub.
     fn install(&mut self, snapshot: Snapshot) {
         self.state = State::from_snapshot(snapshot);
@@ -1189,11 +1367,25 @@ impl Writer {
         Ok(())
     }
 
+    /// After a failed write: a fault of the store's enters degraded mode
+    /// (logged there, once); the caches are reloaded from what is stored
+    /// when the store can still be read, and otherwise at the next retry.
     fn after_failure(&mut self, what: &str, e: &Error) {
-        tracing::warn!("{what} failed: {e}");
         self.healthy = false;
-        if let Err(e) = self.recover() {
-            tracing::warn!("reloading the store after a failed {what} failed: {e}");
+        match Fault::of(e) {
+            Some(fault) => {
+                tracing::debug!("{what} failed: {e}");
+                self.degrade(fault);
+                if let Ok(snapshot) = self.store.load() {
+                    self.install(snapshot);
+                }
+            }
+            None => {
+                tracing::warn!("{what} failed: {e}");
+                if let Err(e) = self.recover() {
+                    tracing::warn!("reloading the store after a failed {what} failed: {e}");
+                }
+            }
         }
     }
 
@@ -1274,8 +1466,12 @@ impl Writer {
         replies: Vec<Reply>,
         in_flight: Vec<OwnedSemaphorePermit>,
     ) {
-        if self.syncer.failed() {
-            self.persist();
+        if let Some(cause) = self.syncer.failure() {
+            self.degrade(Fault::io(cause));
+        }
+        if self.degraded.is_some() {
+            self.refuse_while_degraded(requests, replies, in_flight);
+            return;
         }
         if !self.healthy {
             if let Err(e) = self.recover() {

@@ -250,6 +250,14 @@ impl Syncer {
         self.shared.failed.load(Ordering::Acquire)
     }
 
+    /// Why the last sync failed, while no durable job has run since.
+    pub fn failure(&self) -> Option<String> {
+        if !self.failed() {
+            return None;
+        }
+        self.shared.lock_state().broken.clone()
+    }
+
     /// Finishes the jobs sent and waits for the threads.
     pub fn finish(&mut self) {
         drop(self.tx.take());
@@ -337,9 +345,11 @@ impl Shared {
         match result {
             Ok(covered) => state.synced = state.synced.max(covered),
             Err(e) => {
+                // Not logged here: the writer enters degraded mode, which
+                // logs the fault once (see `crate::degraded`).
                 let path = self.log.path().display();
-                tracing::warn!("syncing the log {path} failed: {e}");
-                state.broken = Some(format!("cannot sync the log {path}: {e}"));
+                tracing::debug!("syncing the log {path} failed: {e}");
+                state.broken = Some(format!("I/O error on {path}: cannot sync it: {e}"));
                 self.failed.store(true, Ordering::Release);
             }
         }
@@ -647,7 +657,7 @@ mod tests {
             std::mem::forget(syncer);
             panic!("a job waited for a sync that never came");
         }
-        let error = "storage error: cannot sync the log /dev/null: \
+        let error = "storage error: I/O error on /dev/null: cannot sync it: \
                      Invalid argument (os error 22)";
         let results = results.lock().unwrap().clone();
         assert_eq!(

@@ -800,10 +800,19 @@ impl Wal {
 
     /// Appends `record` as the next numbered record (not synced), at
     /// [`Wal::place`]. Returns its ticket. The caller checked that it has
-    /// a place. A record that fails to be written still uses up its
-    /// number, which the transaction it describes stores when it is
-    /// committed durably instead.
+    /// a place. A record that fails to be written gives its number back.
     pub fn append(&mut self, record: &mut RecordBuf) -> Result<u64> {
+        let appended = self.append_numbered(record);
+        if appended.is_err() {
+            // The transaction it describes is not committed: the number
+            // goes to the next record, so that the log's numbers keep
+            // following the store's.
+            self.next_number -= 1;
+        }
+        appended
+    }
+
+    fn append_numbered(&mut self, record: &mut RecordBuf) -> Result<u64> {
         let number = self.next_number;
         self.next_number += 1;
         let len = record.len() as u64;
@@ -971,6 +980,64 @@ impl Wal {
         }
     }
 }
+
+/// After a failed sync (see [`crate::degraded`]).
+impl Wal {
+    /// Writes the bytes the store may still need from the log again, as
+    /// this process sees them, and syncs the file. After a failed
+    /// `fdatasync` the kernel may have dropped the pages it could not
+    /// write while still showing them to reads, so a later sync that
+    /// succeeds says nothing about them: only writing them again makes
+    /// them dirty, and so synced, once more. Going round, that is from the
+    /// tail (the oldest chunk the store may name) to the records' end;
+    /// otherwise from the file's start.
+    pub fn rewrite(&self) -> Result<()> {
+        let (from, to) = if self.ring {
+            (self.tail, self.pos)
+        } else {
+            (0, self.pos)
+        };
+        let mut buf = vec![0u8; REWRITE_PIECE];
+        let mut at = from;
+        while at < to {
+            let physical = if self.ring { at % self.capacity } else { at };
+            // A piece never crosses the file's end: going round, the next
+            // lap's bytes start again at 0.
+            let room = if self.ring {
+                self.capacity - physical
+            } else {
+                u64::MAX
+            };
+            let len = (to - at).min(REWRITE_PIECE as u64).min(room) as usize;
+            let piece = &mut buf[..len];
+            self.file
+                .read_exact_at(piece, physical)
+                .and_then(|()| self.file.write_all_at(piece, physical))
+                .map_err(|e| self.write_error(&e))?;
+            at += len as u64;
+        }
+        self.file.sync_data().map_err(|e| self.write_error(&e))
+    }
+}
+
+impl Wal {
+    /// Makes sure the next record can be written: not going round, the
+    /// file is filled with zeros a step past the records (as an append
+    /// would), so that a full disk is found here rather than by a commit.
+    pub fn make_room(&mut self) -> Result<()> {
+        if self.ring {
+            return Ok(());
+        }
+        let end = (self.pos + ZERO_STEP).min(self.capacity);
+        if end > self.filled {
+            self.fill_to(end)?;
+        }
+        Ok(())
+    }
+}
+
+/// How much of the log [`Wal::rewrite`] reads and writes at a time.
+const REWRITE_PIECE: usize = 1024 * 1024;
 
 #[cfg(test)]
 mod tests {

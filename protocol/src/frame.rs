@@ -141,6 +141,11 @@ pub enum Request {
         step: String,
         result: Bytes,
     },
+    /// Ask whether the store can be written. Answered with
+    /// [`Response::Storage`]. (Added after [`StatusInfo`] was frozen, as a
+    /// message of its own: a daemon that predates it refuses it as an
+    /// unknown request, and the client shows the status without it.)
+    Storage,
 }
 
 /// A top-level message of the protocol: an enum whose variant index is the
@@ -156,12 +161,12 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 17;
+    const KINDS: u32 = 18;
 }
 
 impl Message for Response {
     const NAME: &'static str = "response";
-    const KINDS: u32 = 21;
+    const KINDS: u32 = 22;
 }
 
 impl Request {
@@ -189,6 +194,7 @@ impl Request {
             Request::CheckpointList { .. } => "CheckpointList",
             Request::StepGet { .. } => "StepGet",
             Request::StepPut { .. } => "StepPut",
+            Request::Storage => "Storage",
         }
     }
 }
@@ -368,6 +374,8 @@ pub enum Response {
     /// Answer to [`Request::StepPut`]: the step's result is durable. Carries
     /// the result that is kept (the first one recorded).
     StepRecorded(Bytes),
+    /// Answer to [`Request::Storage`].
+    Storage(StorageState),
 }
 
 impl Response {
@@ -400,6 +408,7 @@ impl Response {
             Response::Checkpoints(_) => "Checkpoints",
             Response::StepResult(_) => "StepResult",
             Response::StepRecorded(_) => "StepRecorded",
+            Response::Storage(_) => "Storage",
         }
     }
 }
@@ -560,6 +569,24 @@ pub struct StatusInfo {
     pub streams: u64,
     pub executions: u64,
     pub connections: u64,
+}
+
+/// Whether the store can be written: the answer to [`Request::Storage`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StorageState {
+    /// Set while writes are refused (the store is *degraded*); reads go on.
+    pub degraded: Option<StorageFault>,
+}
+
+/// Why the store cannot be written, and since when.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StorageFault {
+    /// `storage full: ...` or `I/O error on FILE: ...`.
+    pub cause: String,
+    /// A lack of space rather than a failing device.
+    pub full: bool,
+    /// When writes were first refused, microseconds since the Unix epoch.
+    pub since_micros: u64,
 }
 
 // ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ use tether_protocol::{
 use tether_protocol::{Checkpoint, CheckpointMeta, CheckpointSave};
 use tether_protocol::{
     CheckpointRef, ExecState, ExecutionInfo, ExitStatus, RestartPolicy, RunSpec, ShimHello,
-    WorkerExited,
+    StorageFault, StorageState, WorkerExited,
 };
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -182,6 +182,7 @@ fn request_fixtures() -> Vec<(Request, &'static str)> {
             },
             "00000008 1002653101730137",
         ),
+        (Request::Storage, "00000001 11"),
     ]
 }
 
@@ -373,6 +374,20 @@ fn response_fixtures() -> Vec<(Response, &'static str)> {
             Response::StepRecorded(Bytes::from_static(b"7")),
             "00000003 140137",
         ),
+        (
+            Response::Storage(StorageState {
+                degraded: Some(StorageFault {
+                    cause: "x".into(),
+                    full: true,
+                    since_micros: 300,
+                }),
+            }),
+            "00000007 15 01 0178 01 ac02",
+        ),
+        (
+            Response::Storage(StorageState { degraded: None }),
+            "00000002 1500",
+        ),
     ]
 }
 
@@ -398,10 +413,11 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::CheckpointList { .. } => "CheckpointList",
         Request::StepGet { .. } => "StepGet",
         Request::StepPut { .. } => "StepPut",
+        Request::Storage => "Storage",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 17] = [
+const ALL_REQUEST_VARIANTS: [&str; 18] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -419,6 +435,7 @@ const ALL_REQUEST_VARIANTS: [&str; 17] = [
     "CheckpointList",
     "StepGet",
     "StepPut",
+    "Storage",
 ];
 
 /// See [`request_variant`].
@@ -445,10 +462,11 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::Checkpoints(_) => "Checkpoints",
         Response::StepResult(_) => "StepResult",
         Response::StepRecorded(_) => "StepRecorded",
+        Response::Storage(_) => "Storage",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 21] = [
+const ALL_RESPONSE_VARIANTS: [&str; 22] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -470,6 +488,7 @@ const ALL_RESPONSE_VARIANTS: [&str; 21] = [
     "Checkpoints",
     "StepResult",
     "StepRecorded",
+    "Storage",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {

@@ -1,12 +1,16 @@
 //! `tether status`: the daemon's version, pid, uptime, socket, state
-//! directory, store size and counts. `--json`: one object with the fields
-//! `version`, `protocol`, `pid`, `uptime_secs`, `socket`, `state_dir`,
-//! `store_bytes`, `streams`, `executions` and `connections`.
+//! directory, store size, counts and whether the store can be written.
+//! `--json`: one object with the fields `version`, `protocol`, `pid`,
+//! `uptime_secs`, `socket`, `state_dir`, `store_bytes`, `streams`,
+//! `executions`, `connections` and `storage` (`{"degraded": null}`, or
+//! the fault: `{"degraded": {"cause", "full", "since_micros"}}`; absent
+//! from a daemon too old to say).
 
 use std::time::Duration;
 
+use tether::time::Rfc3339;
 use tether::{Error, Result};
-use tether_protocol::{Request, Response, StatusInfo};
+use tether_protocol::{Request, Response, StatusInfo, StorageState};
 
 use super::{write_stdout, Context};
 
@@ -18,18 +22,37 @@ pub async fn run(ctx: &Context) -> Result<()> {
             "the daemon did not answer Status with its status".into(),
         ));
     };
+    // A message of its own, which a daemon that predates it refuses: the
+    // status is then shown without it.
+    let storage = match ctx.connector("status").request(&Request::Storage).await {
+        Ok(Response::Storage(state)) => Some(state),
+        _ => None,
+    };
     let text = if ctx.json {
-        let line = serde_json::to_string(&status)
+        let mut object = serde_json::to_value(&status)
             .map_err(|e| Error::Protocol(format!("cannot render the status: {e}")))?;
-        line + "\n"
+        if let (Some(map), Some(storage)) = (object.as_object_mut(), &storage) {
+            let storage = serde_json::to_value(storage)
+                .map_err(|e| Error::Protocol(format!("cannot render the status: {e}")))?;
+            map.insert("storage".into(), storage);
+        }
+        object.to_string() + "\n"
     } else {
-        human(&status)
+        human(&status, storage.as_ref())
     };
     write_stdout(text.as_bytes())?;
     Ok(())
 }
 
-fn human(s: &StatusInfo) -> String {
+fn human(s: &StatusInfo, storage: Option<&StorageState>) -> String {
+    let storage = storage.map(|state| match &state.degraded {
+        None => "ok".to_owned(),
+        Some(fault) => format!(
+            "degraded ({}) since {}",
+            fault.cause,
+            Rfc3339(fault.since_micros)
+        ),
+    });
     let rows = [
         (
             "version",
@@ -45,6 +68,8 @@ fn human(s: &StatusInfo) -> String {
         ("connections", s.connections.to_string()),
     ];
     rows.iter()
+        .map(|(key, value)| (*key, value))
+        .chain(storage.as_ref().map(|value| ("storage", value)))
         .map(|(key, value)| format!("{:<13}{value}\n", format!("{key}:")))
         .collect()
 }
@@ -102,7 +127,7 @@ mod tests {
             connections: 1,
         };
         assert_eq!(
-            human(&status),
+            human(&status, None),
             "version:     0.1.0 (protocol 1)\n\
              pid:         4242\n\
              uptime:      1h 2m 5s\n\
@@ -113,6 +138,19 @@ mod tests {
              executions:  0\n\
              connections: 1\n"
         );
+        let ok = StorageState { degraded: None };
+        assert!(human(&status, Some(&ok)).ends_with("connections: 1\nstorage:     ok\n"));
+        let degraded = StorageState {
+            degraded: Some(tether_protocol::StorageFault {
+                cause: "storage full: No space left on device (os error 28)".into(),
+                full: true,
+                since_micros: 1_764_000_000_000_000,
+            }),
+        };
+        assert!(human(&status, Some(&degraded)).ends_with(
+            "storage:     degraded (storage full: No space left on device (os error 28)) \
+             since 2025-11-24T16:00:00.000000Z\n"
+        ));
     }
 
     #[test]

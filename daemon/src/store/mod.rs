@@ -272,6 +272,19 @@ impl Store {
         self.wal().written()
     }
 
+    /// Writes what the store may need of the log again and syncs it, after
+    /// a failed sync (see [`Wal::rewrite`]).
+    pub fn rewrite_log(&self) -> Result<()> {
+        self.wal().rewrite()
+    }
+
+    /// Whether the log can take the next record: going round it always
+    /// can; otherwise its file must be able to grow a step (see
+    /// [`Wal::make_room`]). Degraded mode asks before it clears.
+    pub fn log_has_room(&self) -> Result<()> {
+        self.wal().make_room()
+    }
+
     /// Since when the write-ahead log has held commits the store may not
     /// hold durably; `None` when the store holds every commit itself.
     pub fn unpersisted_since(&self) -> Option<std::time::Instant> {

@@ -587,8 +587,15 @@ pub(super) fn write_in<T>(
                 durable = Durable::Logged(ticket);
                 kept_at = log.is_ring().then_some(at);
             }
-            // The store itself can still take it: commit durably, below.
-            Err(e) => tracing::warn!("{e}; committing to the store directly"),
+            // Not committed to the store directly instead: on a full disk
+            // that would make redb meet the failure too, and redb then
+            // refuses reads until it is reopened. The writer enters
+            // degraded mode and tries again later (see `crate::degraded`).
+            Err(e) => {
+                drop(tables);
+                abort(txn);
+                return Err(e);
+            }
         }
     }
     // After the append: the log's sync (which `appended` may have started)
@@ -714,7 +721,7 @@ fn chunk_position(record_at: u64, body: &[u8], chunk: &[u8]) -> u64 {
 /// aborting explicitly reports a failure to do so.
 pub(super) fn abort(txn: WriteTransaction) {
     if let Err(e) = txn.abort() {
-        tracing::warn!("aborting a failed write transaction: {e}");
+        tracing::debug!("aborting a failed write transaction: {e}");
     }
 }
 
