@@ -15,6 +15,8 @@
 //! * [`raw`] is a minimal protocol client over a blocking `UnixStream`, for
 //!   sending bad input and for peeking at stream state.
 //! * [`fault`] mounts a small tmpfs to fill up, for the disk-full tests.
+//! * [`fiu`] makes system calls of a running daemon fail on demand
+//!   (libfiu), for the failing-device tests.
 //! * [`soak`] is the crash-loop soak shared by the CI test and
 //!   `scripts/soak.sh`.
 //! * [`mem`] reads a process's resident memory from `/proc/PID/status`.
@@ -34,6 +36,7 @@ pub mod bins;
 pub mod cli;
 pub mod daemon;
 pub mod fault;
+pub mod fiu;
 pub mod mem;
 pub mod process;
 pub mod procs;

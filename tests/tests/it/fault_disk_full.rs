@@ -1,11 +1,14 @@
 //! Guarantee 7, a full disk: with the state directory on a small tmpfs, a
-//! producer that fills it is told "disk full" and keeps its unacknowledged
-//! lines, a follower keeps reading what was stored, and once the tmpfs is
-//! grown the producer finishes with every line stored exactly once. And a
-//! disk that stays full: the producer says so once, keeps retrying for its
-//! retry window (`--connect-timeout`), then says which lines are stored and
-//! that it gave up, with the cause; nothing stored before is lost, and a
-//! re-run as the same producer stores the rest once.
+//! producer that fills it is told "storage full" and keeps its
+//! unacknowledged lines; the daemon says so once, does not spin (its log
+//! and its CPU time stay quiet while the disk stays full), keeps serving
+//! every read from what is stored, shows the fault in `tether status`, and
+//! once the tmpfs is grown resumes by itself, says so once, and the
+//! producer finishes with every line stored exactly once. And a disk that
+//! stays full: the producer says so once, keeps retrying for its retry
+//! window (`--connect-timeout`), then says which lines are stored and that
+//! it gave up, with the cause; nothing stored before is lost, and a re-run
+//! as the same producer stores the rest once.
 //!
 //! Mounting needs root (CI runs as root); elsewhere the tests print why they
 //! did nothing and pass.
@@ -13,21 +16,22 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
-use std::time::Duration;
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
 
 use tether_tests::fault::{self, Tmpfs};
 use tether_tests::process::StdinFeeder;
 use tether_tests::raw;
 use tether_tests::text::wide_lines;
 use tether_tests::wait::wait_until;
-use tether_tests::{cli, Sandbox, Signal};
+use tether_tests::{cli, Daemon, Sandbox, Signal};
 
 const LINES: u64 = 6000;
 const WIDTH: usize = 1000;
 
 /// A sandbox whose state directory is a 3 MiB tmpfs; `None`, after saying
 /// why, where it cannot be mounted (not root).
-fn sandbox_on_a_small_tmpfs() -> Option<(Sandbox, Tmpfs)> {
+pub(crate) fn sandbox_on_a_small_tmpfs() -> Option<(Sandbox, Tmpfs)> {
     if !fault::is_root() {
         eprintln!("skipped: mounting a tmpfs for the state directory needs root");
         return None;
@@ -49,6 +53,7 @@ fn a_full_disk_refuses_appends_clearly_keeps_reads_going_and_recovers() {
     };
     let socket = sb.socket();
     let d = sb.start_daemon();
+    let began_after = utc_now();
     let mut publisher = tether_tests::Background::spawn(
         "publisher",
         sb.tether_with_timeout("300s", &["publish", "full", "--producer", "P"]),
@@ -61,26 +66,85 @@ fn a_full_disk_refuses_appends_clearly_keeps_reads_going_and_recovers() {
     });
     let mut follower = sb.spawn("follower", &["tail", "full", "-f"]);
 
-    // The disk fills: the stream stops growing and the daemon says why.
-    wait_until(Duration::from_secs(120), "a disk-full refusal", || {
-        d.logs().contains("disk full")
-    });
-    let stuck_at = raw::last_seq(&socket, "full");
-    assert!(stuck_at < LINES, "all {LINES} lines fit in 3 MiB?");
+    // The disk fills: the daemon says why.
+    wait_until(
+        Duration::from_secs(120),
+        "the daemon to log the full disk",
+        || d.logs().contains("storage degraded: "),
+    );
+
+    // While the disk stays full, the daemon neither spins nor talks: its
+    // log grows by at most a few lines in 20 s (one a minute is allowed),
+    // and it uses under 5 % of a core. Nothing else is asked of it
+    // meanwhile; only the producer retries.
+    let quiet = Duration::from_secs(20);
+    let log_lines = d.logs().lines().count();
+    let cpu = cpu_time(d.pid());
+    let quiet_from = Instant::now();
+    std::thread::sleep(quiet);
+    let cpu_used = cpu_time(d.pid()).saturating_sub(cpu);
+    let waited = quiet_from.elapsed();
+    let logged = d.logs().lines().count() - log_lines;
+    assert!(
+        logged <= 3,
+        "the daemon logged {logged} lines in {waited:?} on a full disk:\n{}",
+        d.logs()
+    );
+    assert!(
+        cpu_used.as_secs_f64() < 0.05 * waited.as_secs_f64(),
+        "the daemon used {cpu_used:?} of CPU in {waited:?} on a full disk (5 % allowed)"
+    );
+    // Said once, with the cause.
+    let logged_cause = degraded_logged(&d.logs());
+    assert_storage_full(&logged_cause, "the cause the daemon logged");
     assert!(
         publisher.is_running(),
         "publish gave up on a full disk:\n{}",
         publisher.stderr()
     );
-    // Reads go on: the follower gets every stored line, and the daemon
-    // still answers.
-    let stored_bytes = stuck_at * WIDTH as u64;
-    follower.wait_stdout_len(stored_bytes, Duration::from_secs(60));
-    raw::status(&socket).expect("status while the disk is full");
 
+    // Every read goes on from what is stored, each answered at once.
+    let reads = Reads::start(&sb, &[&["status"], &["streams"], &["tail", "full"]]);
+    let status = reads.output("status");
+    let shown = degraded_shown(&status);
+    assert_storage_full(&shown.cause, "the cause `tether status` shows");
+    shown.assert_began_between(&began_after, &utc_now());
+    let stuck_at = stream_row(&reads.output("streams"), "full");
+    assert!(
+        (1..LINES).contains(&stuck_at),
+        "{stuck_at} of {LINES} lines stored on a 3 MiB disk?"
+    );
+    tether_tests::text::assert_same_lines(
+        &reads.output("tail full"),
+        &wide_lines(1..=stuck_at, WIDTH),
+        "`tether tail` of the stream while the disk is full",
+    );
+    follower.wait_stdout_len(stuck_at * WIDTH as u64, Duration::from_secs(60));
+
+    // Room again: the daemon resumes by itself (it retries every 5 s), and
+    // says so once.
     tmpfs.resize("64m");
+    wait_until(
+        Duration::from_secs(15),
+        "`tether status` to show the storage ok",
+        || storage_line(&sb) == STORAGE_OK,
+    );
     feeder.finish();
     publisher.assert_exit(0, Duration::from_secs(240));
+    let told = publisher.stderr();
+    let told_cause = told
+        .strip_prefix("tether: ")
+        .and_then(|rest| {
+            rest.strip_suffix(" (storage_full); keeping unacknowledged data and retrying\n")
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "stderr of `tether publish` on a disk that filled and was grown is not one line \
+                 `tether: CAUSE (storage_full); keeping unacknowledged data and retrying`:\n{told}"
+            )
+        });
+    assert_storage_full(told_cause, "the cause `tether publish` printed");
+    assert_cleared_once(&d, "storage full: ");
     // Every line exactly once, in order: a dedupe that acknowledged a
     // resent line without storing it shows here as a missing line.
     let stored = sb.run(&["tail", "full"]);
@@ -105,10 +169,15 @@ fn a_full_disk_refuses_appends_clearly_keeps_reads_going_and_recovers() {
 /// Lines published, and acknowledged, before the disk fills.
 const STORED_BEFORE: u64 = 500;
 
-/// What the daemon answers an append it cannot commit on a full disk, as
-/// `tether` prints it.
-const DISK_FULL: &str = "disk full: the store could not commit \
-                         (No space left on device (os error 28)) (storage_full)";
+/// What the daemon's log says, after the cause, when a fault begins.
+const REFUSED_AND_RETRIED: &str = "writes are refused and retried every 5s, reads go on";
+
+/// How long a read may take while the store cannot be written: it is
+/// served from what is stored, at once.
+pub(crate) const READ_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The last line of `tether status` while the store can be written.
+pub(crate) const STORAGE_OK: &str = "storage:     ok";
 
 #[test]
 fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
@@ -152,11 +221,21 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
     // the daemon" (4).
     out.assert_code(1);
     assert_eq!(out.stdout, "", "`tether publish` wrote to stdout");
-    let retrying = format!("tether: {DISK_FULL}; keeping unacknowledged data and retrying\n");
+    let cause = out
+        .stderr
+        .strip_prefix("tether: ")
+        .and_then(|rest| rest.split_once(" (storage_full); "))
+        .map_or("", |(cause, _)| cause);
+    assert_storage_full(
+        cause,
+        &format!("the cause `tether publish` printed:\n{}", out.stderr),
+    );
+    let retrying =
+        format!("tether: {cause} (storage_full); keeping unacknowledged data and retrying\n");
     let stored = "tether: no line of this run is confirmed stored. Run again with \
                   --producer after and the same input, from its first line, to store \
                   them, each line once.\n";
-    let gave_up = format!("tether: gave up after 2s: {DISK_FULL}\n");
+    let gave_up = format!("tether: gave up after 2s: {cause} (storage_full)\n");
     assert_eq!(
         out.stderr,
         format!("{retrying}{gave_up}{stored}"),
@@ -195,11 +274,7 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
     stored.assert_success();
     tether_tests::text::assert_same_lines(&stored.stdout, &before, "the stored stream");
     raw::assert_stored(&socket, "full", STORED_BEFORE);
-    assert!(
-        d.logs().contains("disk full"),
-        "the daemon did not log the full disk:\n{}",
-        d.logs()
-    );
+    assert_storage_full(&degraded_logged(&d.logs()), "the cause the daemon logged");
 
     // Once there is room again, re-running as advised (the same input with
     // the producer name that was printed) stores the refused lines, each
@@ -243,4 +318,262 @@ fn fill_disk(path: &Path) {
             Err(e) => panic!("filling {} failed: {e}", path.display()),
         }
     }
+}
+
+/// Asserts that `cause` is a full disk's, as the daemon words it:
+/// `storage full: ...No space left on device (os error 28)` (after the
+/// prefix it may name the file whose write failed).
+pub(crate) fn assert_storage_full(cause: &str, what: &str) {
+    assert!(
+        cause.starts_with("storage full: ")
+            && cause.ends_with("No space left on device (os error 28)"),
+        "{what} is not `storage full: ...No space left on device (os error 28)`: {cause:?}"
+    );
+}
+
+/// The last line of `tether status`, which must exit 0.
+pub(crate) fn storage_line(sb: &Sandbox) -> String {
+    let out = sb.run(&["status"]);
+    out.assert_success();
+    out.stdout
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("`tether status` printed nothing"))
+        .to_owned()
+}
+
+/// A fault as `tether status` shows it: `storage:     degraded (CAUSE)
+/// since TIME`.
+#[derive(Debug)]
+pub(crate) struct Shown {
+    pub(crate) line: String,
+    pub(crate) cause: String,
+    pub(crate) since: String,
+}
+
+impl Shown {
+    /// Asserts the fault began after `after` and by `by` (times as
+    /// [`utc_now`] gives them).
+    pub(crate) fn assert_began_between(&self, after: &str, by: &str) {
+        assert!(
+            after <= self.since.as_str() && self.since.as_str() <= by,
+            "the fault shown began at {}, not between {after} and {by}: {}",
+            self.since,
+            self.line
+        );
+    }
+}
+
+/// Reads the fault off the last line of `status` (what `tether status`
+/// printed), asserting the line's form.
+pub(crate) fn degraded_shown(status: &str) -> Shown {
+    let line = status.lines().last().unwrap_or_default().to_owned();
+    let (cause, since) = line
+        .strip_prefix("storage:     degraded (")
+        .and_then(|rest| rest.rsplit_once(") since "))
+        .unwrap_or_else(|| {
+            panic!(
+                "`tether status` does not end in `storage:     degraded (CAUSE) since TIME`:\n{status}"
+            )
+        });
+    assert!(
+        is_utc_micros(since),
+        "the time in `tether status`'s storage line is not UTC in RFC 3339 with microseconds: {line:?}"
+    );
+    Shown {
+        cause: cause.to_owned(),
+        since: since.to_owned(),
+        line: line.clone(),
+    }
+}
+
+/// Whether `text` reads `YYYY-MM-DDTHH:MM:SS.ffffffZ`.
+fn is_utc_micros(text: &str) -> bool {
+    let form = "dddd-dd-ddTdd:dd:dd.ddddddZ";
+    text.len() == form.len()
+        && text.chars().zip(form.chars()).all(|(c, f)| match f {
+            'd' => c.is_ascii_digit(),
+            f => c == f,
+        })
+}
+
+/// The time now as the daemon and `tether status` write it.
+pub(crate) fn utc_now() -> String {
+    let mut cmd = Command::new("date");
+    cmd.arg("-u").arg("+%Y-%m-%dT%H:%M:%S.%6NZ");
+    let out = cli::run(cmd, b"", Duration::from_secs(30));
+    out.assert_success();
+    out.stdout.trim_end().to_owned()
+}
+
+/// Reads commands started together, each given [`READ_DEADLINE`] to
+/// finish: while the store cannot be written, one that hangs must not hide
+/// whether the others work.
+#[derive(Debug)]
+pub(crate) struct Reads {
+    done: Vec<(String, tether_tests::Background, Option<ExitStatus>)>,
+}
+
+impl Reads {
+    /// Starts `tether ARGS` for each of `reads` and waits for them.
+    pub(crate) fn start(sb: &Sandbox, reads: &[&[&str]]) -> Self {
+        let mut started: Vec<(String, tether_tests::Background)> = reads
+            .iter()
+            .enumerate()
+            .map(|(i, args)| {
+                let mut read = sb.spawn(&format!("read-{i}"), args);
+                read.close_stdin();
+                (args.join(" "), read)
+            })
+            .collect();
+        let deadline = Instant::now() + READ_DEADLINE;
+        while Instant::now() < deadline && started.iter_mut().any(|(_, r)| r.is_running()) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let done = started
+            .into_iter()
+            .map(|(name, mut read)| {
+                let status = read.poll();
+                (name, read, status)
+            })
+            .collect();
+        Self { done }
+    }
+
+    /// What `tether ARGS` printed. Asserts that every read exited 0 in time,
+    /// naming each that did not.
+    pub(crate) fn output(&self, args: &str) -> String {
+        let failed: Vec<String> = self
+            .done
+            .iter()
+            .filter(|(_, _, status)| !status.is_some_and(|s| s.success()))
+            .map(|(name, read, status)| {
+                let state = status.map_or_else(
+                    || format!("still running after {READ_DEADLINE:?}"),
+                    |s| s.to_string(),
+                );
+                let stderr = read.stderr();
+                format!(
+                    "`tether {name}`: {state}; {} lines on stderr, the first: {}",
+                    stderr.lines().count(),
+                    stderr.lines().next().unwrap_or_default()
+                )
+            })
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "every read must work while the store cannot be written:\n{}",
+            failed.join("\n")
+        );
+        self.done
+            .iter()
+            .find(|(name, _, _)| name == args)
+            .unwrap_or_else(|| panic!("`tether {args}` was not started"))
+            .1
+            .stdout()
+    }
+}
+
+/// The cause in the daemon's one line saying that the storage is degraded:
+/// `WARN storage degraded: CAUSE; writes are refused and retried every 5s,
+/// reads go on`. Asserts there is exactly one such line, of that form.
+pub(crate) fn degraded_logged(logs: &str) -> String {
+    let found: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("storage degraded"))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one `storage degraded` line in the daemon's log, found {}:\n{logs}",
+        found.len()
+    );
+    found[0]
+        .split_once(" WARN storage degraded: ")
+        .and_then(|(_, rest)| rest.strip_suffix(&format!("; {REFUSED_AND_RETRIED}")))
+        .unwrap_or_else(|| {
+            panic!(
+                "not `WARN storage degraded: CAUSE; {REFUSED_AND_RETRIED}`:\n{}",
+                found[0]
+            )
+        })
+        .to_owned()
+}
+
+/// Asserts that the daemon logged once that the storage is writable again,
+/// as `INFO storage writable again after N.Ns: CAUSE cleared`, where CAUSE
+/// contains `cause`.
+pub(crate) fn assert_cleared_once(d: &Daemon, cause: &str) {
+    let logs = d.logs();
+    let found: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("storage writable again"))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one `storage writable again` line, found {}:\n{logs}",
+        found.len()
+    );
+    let line = found[0];
+    let took = line
+        .split_once(" INFO storage writable again after ")
+        .and_then(|(_, rest)| rest.split_once("s: "))
+        .filter(|(_, rest)| rest.contains(cause) && rest.ends_with(" cleared"))
+        .map(|(took, _)| took);
+    assert!(
+        took.is_some_and(|t| t.parse::<f64>().is_ok() && t.contains('.')),
+        "not `INFO storage writable again after N.Ns: ...{cause}... cleared`:\n{line}"
+    );
+}
+
+/// The last seq of `stream` in what `tether streams` printed, asserting
+/// that its row holds every seq from 1 to there (FIRST is 1, FRAMES is
+/// LAST).
+pub(crate) fn stream_row(streams: &str, stream: &str) -> u64 {
+    let row: Vec<&str> = streams
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cols| cols.first() == Some(&stream))
+        .unwrap_or_else(|| panic!("`tether streams` has no row for {stream}:\n{streams}"));
+    let number = |i: usize| row.get(i).and_then(|c| c.parse::<u64>().ok());
+    match (number(1), number(2), number(3)) {
+        (Some(1), Some(last), Some(frames)) if frames == last => last,
+        _ => {
+            panic!("`tether streams`' row for {stream} is not `{stream}  1  N  N ...`:\n{streams}")
+        }
+    }
+}
+
+/// The CPU time (user and system) process `pid` has used so far.
+pub(crate) fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/stat: {e}"));
+    // Fields 14 and 15 (utime, stime), counted after the command name,
+    // which may hold spaces and ends at the last `)`.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .map(|&i| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no utime/stime in /proc/{pid}/stat: {stat}"))
+        })
+        .sum();
+    Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second() as f64)
+}
+
+fn clock_ticks_per_second() -> u64 {
+    let mut cmd = Command::new("getconf");
+    cmd.arg("CLK_TCK");
+    let out = cli::run(cmd, b"", Duration::from_secs(30));
+    out.assert_success();
+    out.stdout
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("getconf CLK_TCK printed {:?}: {e}", out.stdout))
 }
