@@ -91,6 +91,7 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use tether_protocol::{ConsumerInfo, Frame, FrameKind, StreamInfo};
 
+use crate::store_io::{Opener, OsOpener};
 use crate::syncer::Durable;
 use crate::wal::{self, CopyPace, LogReader, Op, RawBytes, RecordBuf, Wal};
 use crate::{Error, Result};
@@ -342,7 +343,7 @@ impl Store {
             }
             _ => log_capacity,
         };
-        let mut log = Wal::open(&path.with_extension("wal"), capacity)?;
+        let mut log = Wal::open(&path.with_extension("wal"), capacity, &OsOpener)?;
         if !existed {
             // A new store: a log left beside a store file that was removed
             // belongs to that store, not to this one.
@@ -443,9 +444,7 @@ impl Store {
 
     /// The write-ahead log, for the syncer (see [`Wal::sync_handle`]).
     pub fn wal_sync_handle(&self) -> wal::SyncHandle {
-        let store = std::fs::File::open(&self.path)
-            .ok()
-            .map(std::sync::Arc::new);
+        let store = OsOpener.open_read(&self.path).ok();
         self.wal().sync_handle(store)
     }
 
