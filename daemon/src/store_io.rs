@@ -24,9 +24,14 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Bound;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use redb::backends::FileBackend;
+use redb::{BackendError, StorageBackend};
 
 /// One open file, as the log and the store use it: positioned reads and
 /// writes, never a shared cursor, so that any thread may use it at once.
@@ -179,6 +184,265 @@ impl Opener for OsOpener {
 
     fn open_read(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
         Ok(Arc::new(OsFile::new(File::open(path)?)))
+    }
+}
+
+/// The least blocks reserved ahead of the store's end at a time: redb
+/// grows a small file by little, and a step a call keeps `fallocate` off
+/// most of its growths.
+const MIN_STEP: u64 = 1024 * 1024;
+
+/// The most blocks reserved ahead of the store's end: enough for a large
+/// store's growths to be seldom, while a disk filling up still leaves the
+/// log most of what is free.
+const MAX_STEP: u64 = 64 * 1024 * 1024;
+
+/// How far ahead of `len` blocks are reserved: an eighth of the file,
+/// within [`MIN_STEP`] and [`MAX_STEP`].
+fn step(len: u64) -> u64 {
+    (len / 8).clamp(MIN_STEP, MAX_STEP)
+}
+
+/// Whether `e` says the filesystem or the user's quota is full.
+fn out_of_space(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    ) || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// The blocks reserved for the store's file beyond its end, shared between
+/// the [`RedbFile`] redb writes through and the store, which looks here
+/// before a write to refuse it while redb can still take it: redb itself,
+/// once it meets a full disk, fails every later read too until it is
+/// opened again.
+///
+/// One `Headroom` can outlive the backend it was made with: a store that
+/// reopens redb gives the new [`RedbFile`] the same one
+/// ([`RedbFile::with_headroom`]), and it then follows the new file.
+#[derive(Debug, Default)]
+pub struct Headroom {
+    /// The file reserved for; `None` once its backend is closed.
+    state: Mutex<Option<Reservation>>,
+    /// Whether the last attempt to reserve a whole step failed for space.
+    short: AtomicBool,
+    /// Tells the backends that shared this apart, so that a closed one
+    /// cannot change what the open one reserved.
+    owners: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Reservation {
+    /// The [`RedbFile`] this is for (see [`Headroom::owners`]).
+    owner: u64,
+    file: Arc<dyn FileIo>,
+    /// The file's length, as last set through the backend.
+    len: u64,
+    /// Where the blocks known to be reserved end (at least `len`). On
+    /// opening, taken to be the length: redb writes every page of its
+    /// file.
+    end: u64,
+}
+
+impl Reservation {
+    /// Reserves blocks through at least `want`: a step beyond it, or, when
+    /// there is no space for that, exactly through it; the error when not
+    /// even that can be had.
+    fn reserve(&mut self, want: u64, short: &AtomicBool) -> io::Result<()> {
+        if want <= self.end {
+            return Ok(());
+        }
+        let ahead = want.saturating_add(step(want));
+        match self.file.allocate(self.end, ahead - self.end) {
+            Ok(()) => {
+                short.store(false, Ordering::Release);
+                self.end = ahead;
+                return Ok(());
+            }
+            Err(e) if out_of_space(&e) => short.store(true, Ordering::Release),
+            Err(e) => return Err(e),
+        }
+        self.file.allocate(self.end, want - self.end)?;
+        self.end = want;
+        Ok(())
+    }
+}
+
+impl Headroom {
+    /// Bytes reserved beyond the store file's end: what redb can still
+    /// grow it by without meeting a full disk. 0 while no backend is open.
+    pub fn headroom(&self) -> u64 {
+        self.lock()
+            .as_ref()
+            .map_or(0, |r| r.end.saturating_sub(r.len))
+    }
+
+    /// Whether the last attempt to reserve a whole step ahead failed for
+    /// want of space (the file then grows only into what is left, if
+    /// anything): the disk is nearly full.
+    pub fn space_short(&self) -> bool {
+        self.short.load(Ordering::Acquire)
+    }
+
+    /// Tries to have `bytes` reserved beyond the file's end, before a write
+    /// that may grow it by that much; whether they are. Tries a whole step
+    /// beyond first, like a growth, so that a disk with space again stops
+    /// being [`Headroom::space_short`].
+    pub fn try_reserve(&self, bytes: u64) -> bool {
+        match self.lock().as_mut() {
+            Some(r) => r.reserve(r.len.saturating_add(bytes), &self.short).is_ok(),
+            None => false,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Reservation>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// redb's storage: a file opened through an [`Opener`], which keeps blocks
+/// reserved ahead of the file's end as redb grows it (see [`Headroom`]).
+///
+/// When redb grows the file, blocks are first reserved through a step
+/// beyond the new length ([`step`]: an eighth of it, 1 to 64 MiB); short of
+/// space for that, through the new length only, and short of space even
+/// for that, the growth fails before the file changes. Locks are redb's
+/// own, taken by its [`FileBackend`] on the same open file.
+#[derive(Debug)]
+pub struct RedbFile {
+    file: Arc<dyn FileIo>,
+    headroom: Arc<Headroom>,
+    /// This backend's number in `headroom` (see [`Headroom::owners`]).
+    owner: u64,
+    /// Takes redb's locks, exactly as redb's own backend does; `None`
+    /// when `file` offers no descriptor to lock.
+    locks: Option<FileBackend>,
+}
+
+impl RedbFile {
+    /// A backend over `file`, and the handle to its [`Headroom`].
+    pub fn new(file: Arc<dyn FileIo>) -> io::Result<(RedbFile, Arc<Headroom>)> {
+        let headroom = Arc::new(Headroom::default());
+        let backend = RedbFile::with_headroom(file, &headroom)?;
+        Ok((backend, headroom))
+    }
+
+    /// A backend over `file` that reserves through `headroom` (which then
+    /// no longer follows the file it was made with): for a store that
+    /// reopens redb and keeps its handle.
+    pub fn with_headroom(file: Arc<dyn FileIo>, headroom: &Arc<Headroom>) -> io::Result<RedbFile> {
+        let len = file.len()?;
+        let locks = match file.lock_handle()? {
+            Some(handle) => Some(FileBackend::new(handle).map_err(io::Error::other)?),
+            None => None,
+        };
+        let owner = headroom.owners.fetch_add(1, Ordering::Relaxed);
+        *headroom.lock() = Some(Reservation {
+            owner,
+            file: file.clone(),
+            len,
+            end: len,
+        });
+        Ok(RedbFile {
+            file,
+            headroom: headroom.clone(),
+            owner,
+            locks,
+        })
+    }
+
+    fn locks(&self) -> Result<&FileBackend, BackendError> {
+        self.locks.as_ref().ok_or(BackendError::Unsupported)
+    }
+
+    /// Lets go of the headroom's reservation, unless a newer backend has
+    /// it: the file's descriptor must not outlive the backend, or the
+    /// locks taken on its open file would too.
+    fn detach(&self) {
+        let mut state = self.headroom.lock();
+        if state.as_ref().is_some_and(|r| r.owner == self.owner) {
+            *state = None;
+        }
+    }
+}
+
+impl Drop for RedbFile {
+    // redb does not call `close` when it panics while opening a file.
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+impl StorageBackend for RedbFile {
+    fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(out, offset)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut state = self.headroom.lock();
+        let Some(r) = state.as_mut().filter(|r| r.owner == self.owner) else {
+            return self.file.set_len(len);
+        };
+        if len > r.len {
+            r.reserve(len, &self.headroom.short)?;
+        }
+        self.file.set_len(len)?;
+        if len < r.len {
+            // Cutting a file frees every block past its new end, the
+            // reserved ones too.
+            r.end = len;
+        }
+        r.len = len;
+        r.end = r.end.max(len);
+        Ok(())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+
+    fn close(&self) -> io::Result<()> {
+        self.detach();
+        match &self.locks {
+            Some(locks) => locks.close(),
+            None => Ok(()),
+        }
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.locks()?.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        self.locks()?.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.locks()?.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.locks()?.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.locks()?.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.locks()?.query_lock_range(start, end)
     }
 }
 
@@ -555,6 +819,132 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"abcd");
         file.write_all_at(b"ijkl", 4).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"abcdijkl");
+    }
+
+    const CHUNKS: redb::TableDefinition<'_, u64, &[u8]> = redb::TableDefinition::new("chunks");
+
+    /// Commits `n` values of 64 KiB, one transaction each, from `from` on.
+    fn fill(db: &redb::Database, from: u64, n: u64) -> std::result::Result<(), redb::Error> {
+        let value = vec![7u8; 64 * 1024];
+        for key in from..from + n {
+            let txn = db.begin_write()?;
+            txn.open_table(CHUNKS)?.insert(key, value.as_slice())?;
+            txn.commit()?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn redb_grows_its_file_into_blocks_reserved_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let path = dir.path().join("t.redb");
+        let file = FaultyOpener::new(plan.clone()).open(&path).unwrap();
+        let (backend, headroom) = RedbFile::new(file).unwrap();
+        let db = redb::Builder::new().create_with_backend(backend).unwrap();
+        let store = Files::suffix(".redb");
+        let mut last_len = 0;
+        for round in 0..8 {
+            fill(&db, round * 16, 16).unwrap();
+            let len = std::fs::metadata(&path).unwrap().len();
+            assert!(len >= last_len);
+            last_len = len;
+            // redb doubles a small file as it grows: each growth passes
+            // the step reserved before, and reserves a step past itself.
+            assert_eq!(headroom.headroom(), step(len), "reserved ahead at {len}");
+            assert!(!headroom.space_short());
+            assert_eq!(
+                plan.count(&store, IoOp::Allocate),
+                plan.count(&store, IoOp::SetLen)
+            );
+        }
+        assert!(last_len >= 16 * 1024 * 1024, "redb grew its file");
+        drop(db);
+        assert_eq!(headroom.headroom(), 0, "nothing reserved once closed");
+        assert!(!headroom.try_reserve(1));
+    }
+
+    #[test]
+    fn short_of_space_a_growth_reserves_what_it_needs_or_fails_before_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let path = dir.path().join("t.redb");
+        let file = FaultyOpener::new(plan.clone()).open(&path).unwrap();
+        let (backend, headroom) = RedbFile::new(file).unwrap();
+        assert_eq!(headroom.headroom(), 0);
+        backend.set_len(4096).unwrap();
+        assert_eq!(headroom.headroom(), MIN_STEP);
+        // Within the reservation: no reserving at all.
+        plan.fail_all(Files::Any, IoOp::Allocate, ENOSPC);
+        backend.set_len(8192).unwrap();
+        assert_eq!(headroom.headroom(), MIN_STEP - 4096);
+        assert!(!headroom.space_short());
+        plan.clear();
+
+        // No room for a step: exactly the new length, and the store is told.
+        plan.fail_next(Files::Any, IoOp::Allocate, libc::EDQUOT);
+        backend.set_len(4 * MIN_STEP).unwrap();
+        assert_eq!(headroom.headroom(), 0);
+        assert!(headroom.space_short());
+
+        // No room even for that: the length stays.
+        plan.fail_all(Files::Any, IoOp::Allocate, ENOSPC);
+        let err = backend.set_len(5 * MIN_STEP).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(ENOSPC));
+        assert_eq!(backend.len().unwrap(), 4 * MIN_STEP);
+        assert!(!headroom.try_reserve(1));
+        // Space again: a reservation asked for takes a whole step.
+        plan.clear();
+        assert!(headroom.try_reserve(4096));
+        assert!(!headroom.space_short());
+        assert_eq!(headroom.headroom(), 4096 + step(4 * MIN_STEP + 4096));
+        // An I/O error reserving is the growth's error, short or not.
+        plan.fail_next(Files::Any, IoOp::Allocate, EIO);
+        assert_eq!(errno(backend.set_len(8 * MIN_STEP)), Some(EIO));
+        assert!(!headroom.space_short());
+        // Cutting the file frees what was reserved past its end.
+        backend.set_len(MIN_STEP).unwrap();
+        assert_eq!(headroom.headroom(), 0);
+    }
+
+    #[test]
+    fn a_reopened_backend_takes_over_the_stores_headroom() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let (first, headroom) = RedbFile::new(OsOpener.open(&path).unwrap()).unwrap();
+        first.set_len(4096).unwrap();
+        let second = RedbFile::with_headroom(OsOpener.open(&path).unwrap(), &headroom).unwrap();
+        assert_eq!(headroom.headroom(), 0, "follows the new file");
+        // The old one changes nothing the new one reserved, even closing.
+        first.set_len(8192).unwrap();
+        first.close().unwrap();
+        second.set_len(16384).unwrap();
+        assert_eq!(headroom.headroom(), MIN_STEP);
+    }
+
+    #[test]
+    fn redb_locks_its_file_as_with_its_own_backend() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let open = || {
+            let (backend, _) = RedbFile::new(OsOpener.open(&path).unwrap()).unwrap();
+            redb::Builder::new().create_with_backend(backend)
+        };
+        let db = open().unwrap();
+        fill(&db, 0, 1).unwrap();
+        assert!(matches!(
+            open(),
+            Err(redb::DatabaseError::DatabaseAlreadyOpen)
+        ));
+        assert!(matches!(
+            redb::Database::create(&path),
+            Err(redb::DatabaseError::DatabaseAlreadyOpen)
+        ));
+        drop(db);
+        let db = open().unwrap();
+        let read = redb::ReadableDatabase::begin_read(&db).unwrap();
+        let table = read.open_table(CHUNKS).unwrap();
+        assert_eq!(redb::ReadableTableMetadata::len(&table).unwrap(), 1);
     }
 
     #[test]
