@@ -109,6 +109,8 @@ pub struct QueueOptions {
     pub max_checkpoint_bytes: usize,
     /// The write-ahead log's size (see [`Store::open_with_log`]).
     pub log_capacity: u64,
+    /// Opens the store's files (see [`Store::open_with`]).
+    pub opener: Arc<dyn crate::store_io::Opener>,
 }
 
 impl Default for QueueOptions {
@@ -120,6 +122,7 @@ impl Default for QueueOptions {
             checkpoint_keep: 10,
             max_checkpoint_bytes: 8 * 1024 * 1024,
             log_capacity: crate::wal::DEFAULT_CAPACITY,
+            opener: Arc::new(crate::store_io::OsOpener),
         }
     }
 }
@@ -171,7 +174,11 @@ impl Queue {
     /// Opens (or creates) the store at `store_path`, loads its state and
     /// starts the writer thread.
     pub fn open(store_path: &Path, opts: QueueOptions) -> Result<Queue> {
-        let store = Arc::new(Store::open_with_log(store_path, opts.log_capacity)?);
+        let store = Arc::new(Store::open_with(
+            store_path,
+            opts.log_capacity,
+            opts.opener.clone(),
+        )?);
         let snapshot = store.load()?;
         let checkpoint_refs = Arc::new(Mutex::new(newest_valid_checkpoints(&store)?));
         let hub = Arc::new(Hub::new(FollowerBudget::default()));

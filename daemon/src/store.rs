@@ -81,7 +81,7 @@ use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use bytes::Bytes;
 use redb::{
@@ -91,7 +91,7 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use tether_protocol::{ConsumerInfo, Frame, FrameKind, StreamInfo};
 
-use crate::store_io::{Opener, OsOpener};
+use crate::store_io::{Headroom, Opener, OsOpener, RedbFile};
 use crate::syncer::Durable;
 use crate::wal::{self, CopyPace, LogReader, Op, RawBytes, RecordBuf, Wal};
 use crate::{Error, Result};
@@ -308,6 +308,10 @@ pub struct Store {
     wal: Mutex<Wal>,
     /// Reads chunks the log keeps for the store, without its lock.
     log: LogReader,
+    /// Opens the store's file and the log's (see [`crate::store_io`]).
+    opener: Arc<dyn Opener>,
+    /// What is reserved beyond the store file's end, across reopenings.
+    headroom: Arc<Headroom>,
 }
 
 impl Store {
@@ -326,8 +330,15 @@ impl Store {
     /// already goes round: its positions are counted in the capacity it
     /// had when it began to, which it keeps.
     pub fn open_with_log(path: &Path, log_capacity: u64) -> Result<Store> {
+        Self::open_with(path, log_capacity, Arc::new(OsOpener))
+    }
+
+    /// [`Store::open_with_log`] with both files opened through `opener`
+    /// (tests inject failures there).
+    pub fn open_with(path: &Path, log_capacity: u64, opener: Arc<dyn Opener>) -> Result<Store> {
         let existed = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
-        let db = open_database(path)?;
+        let headroom = Arc::new(Headroom::default());
+        let db = open_database(path, opener.as_ref(), &headroom)?;
         let round = if existed {
             going_round_with(&db, path)?
         } else {
@@ -343,7 +354,7 @@ impl Store {
             }
             _ => log_capacity,
         };
-        let mut log = Wal::open(&path.with_extension("wal"), capacity, &OsOpener)?;
+        let mut log = Wal::open(&path.with_extension("wal"), capacity, opener.as_ref())?;
         if !existed {
             // A new store: a log left beside a store file that was removed
             // belongs to that store, not to this one.
@@ -356,6 +367,8 @@ impl Store {
             needs_reopen: AtomicBool::new(false),
             log: log.reader(),
             wal: Mutex::new(log),
+            opener,
+            headroom,
         };
         let version = store.init_schema()?;
         if existed {
@@ -444,8 +457,15 @@ impl Store {
 
     /// The write-ahead log, for the syncer (see [`Wal::sync_handle`]).
     pub fn wal_sync_handle(&self) -> wal::SyncHandle {
-        let store = OsOpener.open_read(&self.path).ok();
+        let store = self.opener.open_read(&self.path).ok();
         self.wal().sync_handle(store)
+    }
+
+    /// What is reserved beyond the store file's end for redb to grow into,
+    /// so that a write can be refused before redb meets a full disk (see
+    /// [`Headroom`]).
+    pub fn headroom(&self) -> Arc<Headroom> {
+        self.headroom.clone()
     }
 
     /// The ticket of the last record appended to the write-ahead log.
@@ -588,7 +608,7 @@ impl Store {
         // redb holds an exclusive lock on the file: the old handle must be
         // gone before the file can be opened again.
         drop(slot.take());
-        let db = open_database(&self.path)?;
+        let db = open_database(&self.path, self.opener.as_ref(), &self.headroom)?;
         // Commits that reached the log but not the store (the one that
         // failed, if its record was written) are applied again.
         replay(&db, &mut self.wal())?;
@@ -1838,9 +1858,10 @@ fn guard_db<'g>(guard: &'g RwLockReadGuard<'_, Option<Database>>) -> Result<&'g 
     })
 }
 
-/// Opens (or creates) the database file, mapping failures on an existing
-/// file to [`Error::CorruptStore`].
-fn open_database(path: &Path) -> Result<Database> {
+/// Opens (or creates) the database file through `opener`, reserving
+/// blocks ahead of its end through `headroom` (see [`RedbFile`]), mapping
+/// failures on an existing file to [`Error::CorruptStore`].
+fn open_database(path: &Path, opener: &dyn Opener, headroom: &Arc<Headroom>) -> Result<Database> {
     let existed = std::fs::metadata(path)
         .map(|m| m.len() > 0)
         .unwrap_or(false);
@@ -1848,7 +1869,16 @@ fn open_database(path: &Path) -> Result<Database> {
     builder.set_cache_size(CACHE_BYTES);
     // redb may panic on a file that was damaged outside of it; such a file
     // must stop the daemon with a message naming it, not with a panic.
-    let opened = panic::catch_unwind(AssertUnwindSafe(|| builder.create(path)));
+    let opened = match opener
+        .open(path)
+        .and_then(|file| RedbFile::with_headroom(file, headroom))
+    {
+        Ok(backend) => {
+            panic::catch_unwind(AssertUnwindSafe(|| builder.create_with_backend(backend)))
+        }
+        // As redb reports a file it cannot open itself.
+        Err(e) => Ok(Err(redb::DatabaseError::from(e))),
+    };
     let corrupt = |detail: String| Error::CorruptStore {
         path: path.to_path_buf(),
         detail,
