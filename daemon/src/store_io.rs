@@ -203,6 +203,17 @@ fn step(len: u64) -> u64 {
     (len / 8).clamp(MIN_STEP, MAX_STEP)
 }
 
+/// Reserving ahead takes at most this share of the filesystem's free
+/// space (a quarter). Where free space is shorter, the store's file grows
+/// without a reservation and its blocks are taken as redb writes them: a
+/// disk that then fills up refuses the store's writes at once, rather than
+/// letting them go on into blocks put aside while the disk was all but
+/// full. The log does the same with its own file (see
+/// [`Wal::restart`](crate::wal::Wal::restart)). [`Headroom::space_short`]
+/// says so, for the store to refuse writes before redb meets the full
+/// disk.
+const SPARE_SHARE: u64 = 4;
+
 /// Whether `e` says the filesystem or the user's quota is full.
 fn out_of_space(e: &io::Error) -> bool {
     matches!(
@@ -212,8 +223,8 @@ fn out_of_space(e: &io::Error) -> bool {
 }
 
 /// The blocks reserved for the store's file beyond its end, shared between
-/// the [`RedbFile`] redb writes through and the store, which looks here
-/// before a write to refuse it while redb can still take it: redb itself,
+/// the [`RedbFile`] redb writes through and the store, which can look here
+/// before a write and refuse it while redb can still take it: redb itself,
 /// once it meets a full disk, fails every later read too until it is
 /// opened again.
 ///
@@ -238,33 +249,48 @@ struct Reservation {
     file: Arc<dyn FileIo>,
     /// The file's length, as last set through the backend.
     len: u64,
-    /// Where the blocks known to be reserved end (at least `len`). On
-    /// opening, taken to be the length: redb writes every page of its
-    /// file.
+    /// Where the blocks known to be reserved end: past `len` when blocks
+    /// are reserved ahead, before it when the file grew short of space
+    /// (a later reservation starts here, taking in what that growth
+    /// left). On opening, taken to be the length: holes that a file grown
+    /// before has (redb writes a page only once it uses it) are not
+    /// reserved again, which would take the space of every unused page at
+    /// once.
     end: u64,
 }
 
 impl Reservation {
     /// Reserves blocks through at least `want`: a step beyond it, or, when
     /// there is no space for that, exactly through it; the error when not
-    /// even that can be had.
-    fn reserve(&mut self, want: u64, short: &AtomicBool) -> io::Result<()> {
+    /// even that can be had. `spare_only`: reserves nothing, returning
+    /// false, when the step would take more than its share of the free
+    /// space ([`SPARE_SHARE`]).
+    fn reserve(&mut self, want: u64, short: &AtomicBool, spare_only: bool) -> io::Result<bool> {
         if want <= self.end {
-            return Ok(());
+            return Ok(true);
         }
         let ahead = want.saturating_add(step(want));
+        if spare_only
+            && !self
+                .file
+                .free_space()
+                .is_ok_and(|free| free / SPARE_SHARE >= ahead - self.end)
+        {
+            short.store(true, Ordering::Release);
+            return Ok(false);
+        }
         match self.file.allocate(self.end, ahead - self.end) {
             Ok(()) => {
                 short.store(false, Ordering::Release);
                 self.end = ahead;
-                return Ok(());
+                return Ok(true);
             }
             Err(e) if out_of_space(&e) => short.store(true, Ordering::Release),
             Err(e) => return Err(e),
         }
         self.file.allocate(self.end, want - self.end)?;
         self.end = want;
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -278,8 +304,9 @@ impl Headroom {
     }
 
     /// Whether the last attempt to reserve a whole step ahead failed for
-    /// want of space (the file then grows only into what is left, if
-    /// anything): the disk is nearly full.
+    /// want of space, or was not made because the step would have taken
+    /// more than a quarter of the free space: the disk is nearly full, and
+    /// the file grows into whatever is left.
     pub fn space_short(&self) -> bool {
         self.short.load(Ordering::Acquire)
     }
@@ -287,10 +314,13 @@ impl Headroom {
     /// Tries to have `bytes` reserved beyond the file's end, before a write
     /// that may grow it by that much; whether they are. Tries a whole step
     /// beyond first, like a growth, so that a disk with space again stops
-    /// being [`Headroom::space_short`].
+    /// being [`Headroom::space_short`]; unlike a growth, takes what it can
+    /// however little free space is left, since the write waits on it.
     pub fn try_reserve(&self, bytes: u64) -> bool {
         match self.lock().as_mut() {
-            Some(r) => r.reserve(r.len.saturating_add(bytes), &self.short).is_ok(),
+            Some(r) => r
+                .reserve(r.len.saturating_add(bytes), &self.short, false)
+                .is_ok_and(|reserved| reserved),
             None => false,
         }
     }
@@ -304,10 +334,13 @@ impl Headroom {
 /// reserved ahead of the file's end as redb grows it (see [`Headroom`]).
 ///
 /// When redb grows the file, blocks are first reserved through a step
-/// beyond the new length ([`step`]: an eighth of it, 1 to 64 MiB); short of
+/// beyond the new length (an eighth of it, 1 to 64 MiB); short of
 /// space for that, through the new length only, and short of space even
-/// for that, the growth fails before the file changes. Locks are redb's
-/// own, taken by its [`FileBackend`] on the same open file.
+/// for that, the growth fails before the file changes. Where the step
+/// would take more than a quarter of the free space, nothing is reserved
+/// and the file grows without a reservation, and the store is told (see
+/// [`Headroom::space_short`]). Locks are redb's own, taken by its
+/// [`FileBackend`] on the same open file.
 #[derive(Debug)]
 pub struct RedbFile {
     file: Arc<dyn FileIo>,
@@ -388,16 +421,15 @@ impl StorageBackend for RedbFile {
             return self.file.set_len(len);
         };
         if len > r.len {
-            r.reserve(len, &self.headroom.short)?;
+            r.reserve(len, &self.headroom.short, true)?;
         }
         self.file.set_len(len)?;
         if len < r.len {
             // Cutting a file frees every block past its new end, the
             // reserved ones too.
-            r.end = len;
+            r.end = r.end.min(len);
         }
         r.len = len;
-        r.end = r.end.max(len);
         Ok(())
     }
 
@@ -517,6 +549,9 @@ mod faults {
         rules: Vec<Rule>,
         counts: HashMap<(PathBuf, IoOp), u64>,
         injected: u64,
+        /// Free space to report instead of the filesystem's; the last
+        /// that matches a file wins.
+        free: Vec<(Files, u64)>,
     }
 
     /// What to fail, shared by a [`FaultyOpener`] and the test that steers
@@ -562,9 +597,22 @@ mod faults {
             self.tear_nth_write(files, 0);
         }
 
-        /// Drops every fault not injected yet; counts are kept.
+        /// Reports `bytes` as the free space of `files` (`None`: the
+        /// filesystem's again), for code that decides by it.
+        pub fn set_free_space(&self, files: Files, bytes: Option<u64>) {
+            let mut state = self.lock();
+            state.free.retain(|(f, _)| *f != files);
+            if let Some(bytes) = bytes {
+                state.free.push((files, bytes));
+            }
+        }
+
+        /// Drops every fault not injected yet and every free space set;
+        /// counts are kept.
         pub fn clear(&self) {
-            self.lock().rules.clear();
+            let mut state = self.lock();
+            state.rules.clear();
+            state.free.clear();
         }
 
         /// How many `op`s were made on `files` since the plan was made or
@@ -601,6 +649,12 @@ mod faults {
                 skip,
                 fault,
             });
+        }
+
+        fn free_space(&self, path: &Path) -> Option<u64> {
+            let state = self.lock();
+            let set = state.free.iter().rev().find(|(f, _)| f.matches(path));
+            set.map(|(_, bytes)| *bytes)
         }
 
         /// Counts `op` on `path` and says which fault, if any, it meets.
@@ -670,7 +724,8 @@ mod faults {
     }
 
     /// A file of the filesystem whose reads, writes, syncs, changes of
-    /// length and reservations go through a [`FaultPlan`] first.
+    /// length and reservations go through a [`FaultPlan`] first, and whose
+    /// free space the plan can set.
     #[derive(Debug)]
     pub struct FaultyFile {
         inner: Arc<dyn FileIo>,
@@ -726,7 +781,10 @@ mod faults {
         }
 
         fn free_space(&self) -> io::Result<u64> {
-            self.inner.free_space()
+            match self.plan.free_space(&self.path) {
+                Some(bytes) => Ok(bytes),
+                None => self.inner.free_space(),
+            }
         }
 
         fn start_writeback(&self) -> io::Result<()> {
@@ -905,6 +963,34 @@ mod tests {
         // Cutting the file frees what was reserved past its end.
         backend.set_len(MIN_STEP).unwrap();
         assert_eq!(headroom.headroom(), 0);
+    }
+
+    #[test]
+    fn where_free_space_is_short_the_file_grows_without_a_reservation() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let file = FaultyOpener::new(plan.clone())
+            .open(&dir.path().join("t.redb"))
+            .unwrap();
+        let (backend, headroom) = RedbFile::new(file).unwrap();
+        // A step through 2 MiB would take more than a quarter of 7 MiB.
+        plan.set_free_space(Files::Any, Some(7 * MIN_STEP));
+        backend.set_len(MIN_STEP).unwrap();
+        assert_eq!(plan.count(&Files::Any, IoOp::Allocate), 0);
+        assert_eq!(backend.len().unwrap(), MIN_STEP);
+        assert_eq!(headroom.headroom(), 0);
+        assert!(headroom.space_short());
+        // With room to spare, the next growth reserves from where the
+        // reservations stopped, taking in what the last one left.
+        plan.set_free_space(Files::Any, Some(12 * MIN_STEP));
+        backend.set_len(2 * MIN_STEP).unwrap();
+        assert_eq!(plan.count(&Files::Any, IoOp::Allocate), 1);
+        assert_eq!(headroom.headroom(), MIN_STEP);
+        assert!(!headroom.space_short());
+        // A reservation asked for takes what it can, however short.
+        plan.set_free_space(Files::Any, Some(0));
+        assert!(headroom.try_reserve(2 * MIN_STEP));
+        assert_eq!(headroom.headroom(), 2 * MIN_STEP + step(4 * MIN_STEP));
     }
 
     #[test]
