@@ -9,6 +9,9 @@
 //! * [`wal`] is the write-ahead log in front of redb: a commit is one
 //!   synced append; [`syncer`] syncs it, then publishes and answers in
 //!   commit order.
+//! * [`store_io`] is the one way the log and redb reach their files:
+//!   tests fail any single operation there, and redb is kept from running
+//!   out of space itself.
 //! * [`subscription`] turns "everything after seq K" into a gap-free series
 //!   of batches, switching between store reads and live batches.
 //! * [`server`] accepts connections; [`access`] judges each peer's
@@ -40,6 +43,7 @@ pub mod queue;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod store_io;
 pub mod subscription;
 pub mod supervisor;
 pub mod syncer;

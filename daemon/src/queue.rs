@@ -110,6 +110,8 @@ pub struct QueueOptions {
     pub max_checkpoint_bytes: usize,
     /// The write-ahead log's size (see [`Store::open_with_log`]).
     pub log_capacity: u64,
+    /// Opens the store's files (see [`Store::open_with`]).
+    pub opener: Arc<dyn crate::store_io::Opener>,
 }
 
 impl Default for QueueOptions {
@@ -121,6 +123,7 @@ impl Default for QueueOptions {
             checkpoint_keep: 10,
             max_checkpoint_bytes: 8 * 1024 * 1024,
             log_capacity: crate::wal::DEFAULT_CAPACITY,
+            opener: Arc::new(crate::store_io::OsOpener),
         }
     }
 }
@@ -174,7 +177,11 @@ impl Queue {
     /// Opens (or creates) the store at `store_path`, loads its state and
     /// starts the writer thread.
     pub fn open(store_path: &Path, opts: QueueOptions) -> Result<Queue> {
-        let store = Arc::new(Store::open_with_log(store_path, opts.log_capacity)?);
+        let store = Arc::new(Store::open_with(
+            store_path,
+            opts.log_capacity,
+            opts.opener.clone(),
+        )?);
         let snapshot = store.load()?;
         let checkpoint_refs = Arc::new(Mutex::new(newest_valid_checkpoints(&store)?));
         let hub = Arc::new(Hub::new(FollowerBudget::default()));
@@ -1479,6 +1486,15 @@ impl Writer {
                 self.answer(Durable::Nothing, None, failed.collect(), in_flight);
                 return;
             }
+        }
+        // Not going round, the frames are written into redb's own pages:
+        // refused here, before redb could meet a full disk.
+        let bytes: usize = requests.iter().map(|r| r.weight().1).sum();
+        if let Err(e) = self.store.make_room(2 * bytes as u64) {
+            self.after_failure("commit", &e);
+            let failed = replies.into_iter().map(|r| (r, Err(copy_error(&e))));
+            self.answer(Durable::Nothing, None, failed.collect(), in_flight);
+            return;
         }
         let ts = self.next_ts();
         let mut results: Vec<Result<Outcome>> = Vec::with_capacity(requests.len());

@@ -459,6 +459,7 @@ mod tests {
     use std::thread::ThreadId;
 
     use super::*;
+    use crate::store_io::{OsFile, OsOpener};
     use crate::wal::Wal;
 
     /// A syncer over a real log in a temporary directory.
@@ -469,7 +470,7 @@ mod tests {
     /// [`syncer`] with sharing jobs waiting up to `share_wait`.
     fn syncer_sharing_for(share_wait: Duration) -> (tempfile::TempDir, Wal, Syncer) {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(&dir.path().join("tether.wal"), 1024 * 1024).unwrap();
+        let wal = Wal::open(&dir.path().join("tether.wal"), 1024 * 1024, &OsOpener).unwrap();
         let syncer = Syncer::start_sharing_for(wal.sync_handle(None), share_wait).unwrap();
         (dir, wal, syncer)
     }
@@ -627,6 +628,7 @@ mod tests {
         // A character device cannot be synced: every sync fails.
         let path = std::path::Path::new("/dev/null");
         let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        let file = Arc::new(OsFile::new(file));
         let syncer = Syncer::start(SyncHandle::over(file, path, 10)).unwrap();
         let results = Arc::new(Mutex::new(Vec::new()));
         let keep = |name: &'static str| -> Then {

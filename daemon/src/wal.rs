@@ -82,10 +82,7 @@
 //! the head has since passed a lap beyond is read again from a newer
 //! snapshot, in which the store has it.
 
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -93,6 +90,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::store_io::{FileIo, Opener};
 use crate::{Error, Result};
 
 /// The log's size: where it goes round, or (not going round) where a
@@ -315,11 +313,11 @@ enum Record {
 /// just after it).
 #[derive(Clone, Debug)]
 pub struct SyncHandle {
-    file: Arc<File>,
+    file: Arc<dyn FileIo>,
     written: Arc<AtomicU64>,
     path: Arc<PathBuf>,
     /// The store's file, read-only, to start its writeback early.
-    store: Option<Arc<File>>,
+    store: Option<Arc<dyn FileIo>>,
 }
 
 impl SyncHandle {
@@ -338,16 +336,8 @@ impl SyncHandle {
     /// likes anyway, and the store's own commit protocol allows for it.
     pub fn start_store_writeback(&self) {
         if let Some(store) = &self.store {
-            // SAFETY: a plain syscall on a descriptor `store` keeps open.
-            #[allow(unsafe_code)]
-            let rc = unsafe {
-                libc::sync_file_range(store.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE)
-            };
-            if rc != 0 {
-                tracing::debug!(
-                    "starting the store's writeback failed: {}",
-                    io::Error::last_os_error()
-                );
+            if let Err(e) = store.start_writeback() {
+                tracing::debug!("starting the store's writeback failed: {e}");
             }
         }
     }
@@ -360,9 +350,9 @@ impl SyncHandle {
     /// A handle over any file, as if `written` bytes had been appended
     /// to it: for tests of what happens when syncing it fails.
     #[cfg(test)]
-    pub fn over(file: File, path: &Path, written: u64) -> SyncHandle {
+    pub fn over(file: Arc<dyn FileIo>, path: &Path, written: u64) -> SyncHandle {
         SyncHandle {
-            file: Arc::new(file),
+            file,
             written: Arc::new(AtomicU64::new(written)),
             path: Arc::new(path.to_path_buf()),
             store: None,
@@ -374,7 +364,7 @@ impl SyncHandle {
 /// module docs), from any thread.
 #[derive(Clone, Debug)]
 pub struct LogReader {
-    file: Arc<File>,
+    file: Arc<dyn FileIo>,
     path: Arc<PathBuf>,
     capacity: u64,
     head: Arc<AtomicU64>,
@@ -418,7 +408,7 @@ impl LogReader {
 /// The log file, open for appending records.
 #[derive(Debug)]
 pub struct Wal {
-    file: Arc<File>,
+    file: Arc<dyn FileIo>,
     path: Arc<PathBuf>,
     capacity: u64,
     /// Where the next record goes.
@@ -450,24 +440,20 @@ pub struct Wal {
 }
 
 impl Wal {
-    /// Opens (or creates) the log at `path`. Appending starts at its
-    /// beginning with `next_number` once [`Wal::restart`] is called; until
-    /// then it holds what the last run left, for [`Wal::replay`].
-    pub fn open(path: &Path, capacity: u64) -> Result<Wal> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
+    /// Opens (or creates) the log at `path`, through `opener`. Appending
+    /// starts at its beginning with `next_number` once [`Wal::restart`] is
+    /// called; until then it holds what the last run left, for
+    /// [`Wal::replay`].
+    pub fn open(path: &Path, capacity: u64, opener: &dyn Opener) -> Result<Wal> {
+        let file = opener
             .open(path)
             .map_err(|e| Error::io(format!("cannot open the log {}", path.display()), e))?;
         let filled = file
-            .metadata()
-            .map_err(|e| Error::io(format!("cannot read the log {}", path.display()), e))?
-            .len();
+            .len()
+            .map_err(|e| Error::io(format!("cannot read the log {}", path.display()), e))?;
         Ok(Wal {
             filled,
-            file: Arc::new(file),
+            file,
             path: Arc::new(path.to_path_buf()),
             capacity: capacity.max(HEADER_LEN as u64 + 1),
             pos: 0,
@@ -509,7 +495,7 @@ impl Wal {
 
     /// For the syncer.
     /// `store` is the store's file (see [`SyncHandle::start_store_writeback`]).
-    pub fn sync_handle(&self, store: Option<Arc<File>>) -> SyncHandle {
+    pub fn sync_handle(&self, store: Option<Arc<dyn FileIo>>) -> SyncHandle {
         SyncHandle {
             file: self.file.clone(),
             written: self.written.clone(),
@@ -634,20 +620,9 @@ impl Wal {
     /// file: [`KEEP_FILE_FREE`] times its capacity. No when that cannot be
     /// told.
     fn space_to_spare(&self) -> bool {
-        // SAFETY: `statvfs` is plain old data, for which zeros are valid,
-        // and `fstatvfs` only writes into it, on a descriptor `file` keeps
-        // open.
-        #[allow(unsafe_code)]
-        let (rc, stat) = unsafe {
-            let mut stat: libc::statvfs = std::mem::zeroed();
-            let rc = libc::fstatvfs(self.file.as_raw_fd(), &mut stat);
-            (rc, stat)
-        };
-        if rc != 0 {
-            return false;
-        }
-        let free = stat.f_bavail.saturating_mul(stat.f_frsize);
-        free >= self.capacity.saturating_mul(KEEP_FILE_FREE)
+        self.file
+            .free_space()
+            .is_ok_and(|free| free >= self.capacity.saturating_mul(KEEP_FILE_FREE))
     }
 
     /// Goes on appending after the records a replay found (see
@@ -1043,7 +1018,11 @@ const REWRITE_PIECE: usize = 1024 * 1024;
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::FileExt;
+
     use super::*;
+    use crate::store_io::OsOpener;
 
     fn record(ops: &[Op<'_>]) -> RecordBuf {
         let mut r = RecordBuf::new();
@@ -1074,14 +1053,14 @@ mod tests {
     fn records_come_back_in_order_from_above_the_applied_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.wal");
-        let mut wal = Wal::open(&path, 1 << 20).unwrap();
+        let mut wal = Wal::open(&path, 1 << 20, &OsOpener).unwrap();
         wal.restart(5).unwrap();
         for i in 0..4u64 {
             let payload = vec![i as u8; 100];
             let mut r = record(&[chunk(1, i * 10 + 1, &payload), Op::NextStreamId(i)]);
             wal.append(&mut r).unwrap();
         }
-        let wal = Wal::open(&path, 1 << 20).unwrap();
+        let wal = Wal::open(&path, 1 << 20, &OsOpener).unwrap();
         assert_eq!(
             read_all(&wal, 4).unwrap(),
             (8, vec![(5, 2), (6, 2), (7, 2), (8, 2)])
@@ -1134,7 +1113,7 @@ mod tests {
     fn five_records() -> (tempfile::TempDir, PathBuf, Wal) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.wal");
-        let mut wal = Wal::open(&path, 1 << 20).unwrap();
+        let mut wal = Wal::open(&path, 1 << 20, &OsOpener).unwrap();
         wal.restart(1).unwrap();
         for i in 0..5 {
             wal.append(&mut record(&[chunk(1, i, &PAYLOAD)])).unwrap();
@@ -1156,7 +1135,7 @@ mod tests {
         wal.append(&mut record(&[chunk(1, 61, &PAYLOAD)])).unwrap();
         assert_eq!(read_all(&wal, 5).unwrap(), (7, vec![(6, 1), (7, 1)]));
         // Reopened after a crash, the same: the old third record is not 8.
-        let reopened = Wal::open(&path, 1 << 20).unwrap();
+        let reopened = Wal::open(&path, 1 << 20, &OsOpener).unwrap();
         assert_eq!(read_all(&reopened, 5).unwrap(), (7, vec![(6, 1), (7, 1)]));
         assert_eq!(reopened.filled, filled);
     }
@@ -1166,7 +1145,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.wal");
         let capacity = 3 * ZERO_STEP + 5;
-        let mut wal = Wal::open(&path, capacity).unwrap();
+        let mut wal = Wal::open(&path, capacity, &OsOpener).unwrap();
         wal.prepare().unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), capacity);
         // Appending writes no zeros and never grows the file: every record
@@ -1178,7 +1157,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().len(), capacity);
         assert_eq!(read_all(&wal, 0).unwrap().0, 5);
         // Preparing again (the next open) changes nothing.
-        let mut reopened = Wal::open(&path, capacity).unwrap();
+        let mut reopened = Wal::open(&path, capacity, &OsOpener).unwrap();
         reopened.prepare().unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), capacity);
         assert_eq!(read_all(&reopened, 0).unwrap().0, 5);
@@ -1188,7 +1167,7 @@ mod tests {
     fn after_a_restart_the_next_open_reads_nothing() {
         let (_dir, path, mut wal) = five_records();
         wal.restart(6).unwrap();
-        let reopened = Wal::open(&path, 1 << 20).unwrap();
+        let reopened = Wal::open(&path, 1 << 20, &OsOpener).unwrap();
         let replayed = reopened.replay(5, None, |_, _, _| Ok(())).unwrap();
         assert_eq!(
             replayed,
@@ -1205,7 +1184,7 @@ mod tests {
         let all = wal.replay(0, None, |_, _, _| Ok(())).unwrap();
         assert_eq!(all.last, 5);
         let at = all.end / 5 * index;
-        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        let file = OpenOptions::new().write(true).open(path).unwrap();
         file.write_all_at(&[0xff], at + HEADER_LEN as u64 + 5)
             .unwrap();
         at
@@ -1265,7 +1244,7 @@ mod tests {
     /// A log of 64 KiB going round, prepared as a store opens it.
     fn small_ring() -> (tempfile::TempDir, Wal) {
         let dir = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(&dir.path().join("t.wal"), 64 * 1024).unwrap();
+        let mut wal = Wal::open(&dir.path().join("t.wal"), 64 * 1024, &OsOpener).unwrap();
         wal.prepare().unwrap();
         assert!(wal.is_ring(), "a temporary directory has room to spare");
         wal.start_round_here();
@@ -1368,7 +1347,7 @@ mod tests {
         );
         // Not going round: nothing is ever copied.
         let dir = tempfile::tempdir().unwrap();
-        let mut flat = Wal::open(&dir.path().join("f.wal"), capacity).unwrap();
+        let mut flat = Wal::open(&dir.path().join("f.wal"), capacity, &OsOpener).unwrap();
         for _ in 0..100 {
             flat.append(&mut sized(500, 1)).unwrap();
         }

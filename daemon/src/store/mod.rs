@@ -82,11 +82,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use redb::{Database, Durability};
 
 use crate::error::is_disk_full;
+use crate::store_io::{Headroom, Opener, OsOpener};
 use crate::syncer::Durable;
 use crate::wal::{self, CopyPace, LogReader, Wal};
 use crate::{Error, Result};
@@ -125,7 +126,15 @@ pub struct Store {
     wal: Mutex<Wal>,
     /// Reads chunks the log keeps for the store, without its lock.
     log: LogReader,
+    /// Opens the store's file and the log's (see [`crate::store_io`]).
+    opener: Arc<dyn Opener>,
+    /// What is reserved beyond the store file's end, across reopenings.
+    headroom: Arc<Headroom>,
 }
+
+/// The least room a write asks to have reserved for the store file to grow
+/// into (see [`Store::make_room`]): the pages a small commit rewrites.
+const MIN_ROOM: u64 = 256 * 1024;
 
 impl Store {
     /// Opens the store at `path`, creating it when missing. A file that
@@ -143,8 +152,15 @@ impl Store {
     /// already goes round: its positions are counted in the capacity it
     /// had when it began to, which it keeps.
     pub fn open_with_log(path: &Path, log_capacity: u64) -> Result<Store> {
+        Self::open_with(path, log_capacity, Arc::new(OsOpener))
+    }
+
+    /// [`Store::open_with_log`] with both files opened through `opener`
+    /// (tests inject failures there).
+    pub fn open_with(path: &Path, log_capacity: u64, opener: Arc<dyn Opener>) -> Result<Store> {
         let existed = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
-        let db = open_database(path)?;
+        let headroom = Arc::new(Headroom::default());
+        let db = open_database(path, opener.as_ref(), &headroom)?;
         let round = if existed {
             going_round_with(&db, path)?
         } else {
@@ -160,7 +176,7 @@ impl Store {
             }
             _ => log_capacity,
         };
-        let mut log = Wal::open(&path.with_extension("wal"), capacity)?;
+        let mut log = Wal::open(&path.with_extension("wal"), capacity, opener.as_ref())?;
         if !existed {
             // A new store: a log left beside a store file that was removed
             // belongs to that store, not to this one.
@@ -173,6 +189,8 @@ impl Store {
             needs_reopen: AtomicBool::new(false),
             log: log.reader(),
             wal: Mutex::new(log),
+            opener,
+            headroom,
         };
         let version = store.init_schema()?;
         if existed {
@@ -227,6 +245,8 @@ impl Store {
         let mut log = self.wal();
         let budget = log.copy_budget(pace);
         if budget > 0 {
+            // The chunks copied are written into redb's own pages.
+            self.make_room(budget.saturating_mul(2))?;
             let copied = db.begin_write().map_err(storage).and_then(|mut txn| {
                 let mut tables = tables(&txn, &self.log, None);
                 match copy_kept_chunks(&mut tables, &log, budget) {
@@ -261,10 +281,33 @@ impl Store {
 
     /// The write-ahead log, for the syncer (see [`Wal::sync_handle`]).
     pub fn wal_sync_handle(&self) -> wal::SyncHandle {
-        let store = std::fs::File::open(&self.path)
-            .ok()
-            .map(std::sync::Arc::new);
+        let store = self.opener.open_read(&self.path).ok();
         self.wal().sync_handle(store)
+    }
+
+    /// Refuses, with [`Error::DiskFull`], a write that could grow the
+    /// store file by `bytes` when the disk has no room for that: checked
+    /// before the write, so that redb never meets a full disk itself (it
+    /// then refuses reads too until it is reopened, and reopening may
+    /// need space as well). Cheap while the blocks are already reserved.
+    pub fn make_room(&self, bytes: u64) -> Result<()> {
+        if self.headroom.try_reserve(bytes.max(MIN_ROOM)) {
+            return Ok(());
+        }
+        Err(Error::DiskFull {
+            detail: format!(
+                "no room left on its disk for {} to grow by {} KiB",
+                self.path.display(),
+                bytes.max(MIN_ROOM) / 1024
+            ),
+        })
+    }
+
+    /// What is reserved beyond the store file's end for redb to grow into,
+    /// so that a write can be refused before redb meets a full disk (see
+    /// [`Headroom`]).
+    pub fn headroom(&self) -> Arc<Headroom> {
+        self.headroom.clone()
     }
 
     /// The ticket of the last record appended to the write-ahead log.
@@ -353,6 +396,7 @@ impl Store {
         appended: Option<impl FnOnce(u64)>,
         f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
     ) -> Result<(T, Durable)> {
+        self.make_room(MIN_ROOM)?;
         let guard = self.handle()?;
         let db = guard_db(&guard)?;
         let result = write_in(db, &mut self.wal(), &self.log, appended, f);
@@ -375,7 +419,7 @@ impl Store {
         // redb holds an exclusive lock on the file: the old handle must be
         // gone before the file can be opened again.
         drop(slot.take());
-        let db = open_database(&self.path)?;
+        let db = open_database(&self.path, self.opener.as_ref(), &self.headroom)?;
         // Commits that reached the log but not the store (the one that
         // failed, if its record was written) are applied again.
         replay(&db, &mut self.wal())?;

@@ -6,6 +6,7 @@
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::Arc;
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable};
 
@@ -13,6 +14,7 @@ use super::schema::{META, META_WAL_APPLIED, META_WAL_CAPACITY, META_WAL_RESUME, 
 use super::storage;
 use super::txn::{abort, commit, tables};
 use crate::error::is_disk_full;
+use crate::store_io::{Headroom, Opener, RedbFile};
 use crate::wal::{self, Wal};
 use crate::{Error, Result};
 
@@ -133,9 +135,14 @@ pub(super) fn going_round_with(db: &Database, path: &Path) -> Result<Option<u64>
     Ok(capacity)
 }
 
-/// Opens (or creates) the database file, mapping failures on an existing
-/// file to [`Error::CorruptStore`].
-pub(super) fn open_database(path: &Path) -> Result<Database> {
+/// Opens (or creates) the database file through `opener`, reserving
+/// blocks ahead of its end through `headroom` (see [`RedbFile`]), mapping
+/// failures on an existing file to [`Error::CorruptStore`].
+pub(super) fn open_database(
+    path: &Path,
+    opener: &dyn Opener,
+    headroom: &Arc<Headroom>,
+) -> Result<Database> {
     let existed = std::fs::metadata(path)
         .map(|m| m.len() > 0)
         .unwrap_or(false);
@@ -143,7 +150,16 @@ pub(super) fn open_database(path: &Path) -> Result<Database> {
     builder.set_cache_size(CACHE_BYTES);
     // redb may panic on a file that was damaged outside of it; such a file
     // must stop the daemon with a message naming it, not with a panic.
-    let opened = panic::catch_unwind(AssertUnwindSafe(|| builder.create(path)));
+    let opened = match opener
+        .open(path)
+        .and_then(|file| RedbFile::with_headroom(file, headroom))
+    {
+        Ok(backend) => {
+            panic::catch_unwind(AssertUnwindSafe(|| builder.create_with_backend(backend)))
+        }
+        // As redb reports a file it cannot open itself.
+        Err(e) => Ok(Err(redb::DatabaseError::from(e))),
+    };
     let corrupt = |detail: String| Error::CorruptStore {
         path: path.to_path_buf(),
         detail,

@@ -1,0 +1,1060 @@
+//! The seam between the store and its files: every read, write, sync and
+//! change of length that the write-ahead log (`tether.wal`) and redb
+//! (`tether.redb`) make goes through [`FileIo`], and every file they use is
+//! opened through an [`Opener`].
+//!
+//! Why:
+//!
+//! * Failures of the disk can be tested where they happen. A full disk, an
+//!   I/O error or a torn write at one exact operation of a commit cannot be
+//!   had from a real filesystem without root (a loop device, a tiny tmpfs,
+//!   `dm-flakey`), and even then not at a chosen point. Tests open the
+//!   store through a faulty opener instead (`FaultyOpener`, with the
+//!   `test-hooks` feature), which fails the operation asked for with a real
+//!   errno.
+//! * redb must never meet a full disk itself: after any I/O error it
+//!   refuses every read as well until it is opened again. [`RedbFile`], the
+//!   backend redb is built on, reserves blocks ahead of the file's end as
+//!   it grows, and tells the store through [`Headroom`] how much is left,
+//!   so that writes can be refused while reads go on.
+//!
+//! [`OsFile`] and [`OsOpener`] are the real implementation, over
+//! [`std::fs::File`]; the system calls std does not offer (`fallocate`,
+//! `fstatvfs`) are made through `rustix`.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::ops::Bound;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use redb::backends::FileBackend;
+use redb::{BackendError, StorageBackend};
+
+/// One open file, as the log and the store use it: positioned reads and
+/// writes, never a shared cursor, so that any thread may use it at once.
+// `len` is a query of the filesystem that can fail, not a collection's
+// size: an `is_empty` beside it would only repeat it.
+#[allow(clippy::len_without_is_empty)]
+pub trait FileIo: Send + Sync + std::fmt::Debug {
+    /// The file's length.
+    fn len(&self) -> io::Result<u64>;
+
+    /// Fills `buf` from `offset`; [`io::ErrorKind::UnexpectedEof`] when the
+    /// file ends before.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// Writes all of `data` at `offset`.
+    fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
+
+    /// Cuts or extends the file to `len` bytes (new bytes read as zeros).
+    fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Makes the file's data (and what is needed to read it back, such as
+    /// its length) durable: `fdatasync`.
+    fn sync_data(&self) -> io::Result<()>;
+
+    /// Reserves the blocks of `len` bytes from `offset` without changing
+    /// the file's length, so that writing there later cannot fail for want
+    /// of space. `Ok(())` where the filesystem cannot reserve blocks: a
+    /// reservation is a precaution, not a promise every filesystem keeps.
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()>;
+
+    /// Bytes free on the file's filesystem for this user.
+    fn free_space(&self) -> io::Result<u64>;
+
+    /// Asks the kernel to start writing the file's dirty pages out, without
+    /// waiting for them (see
+    /// [`SyncHandle::start_store_writeback`](crate::wal::SyncHandle::start_store_writeback)).
+    fn start_writeback(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// A descriptor for the same open file, for redb's advisory locks
+    /// (taken on the open file description, as redb's own backend takes
+    /// them on the descriptor it reads and writes through). `None` for a
+    /// file no lock can be taken on: redb then allows a single writer
+    /// without being able to tell another process it is there.
+    fn lock_handle(&self) -> io::Result<Option<File>> {
+        Ok(None)
+    }
+}
+
+/// Opens the files of the log and of the store.
+pub trait Opener: Send + Sync + std::fmt::Debug {
+    /// Opens `path` to read and write, creating it when missing and
+    /// keeping what it holds.
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn FileIo>>;
+
+    /// Opens `path` to read only.
+    fn open_read(&self, path: &Path) -> io::Result<Arc<dyn FileIo>>;
+}
+
+/// A file of the filesystem.
+#[derive(Debug)]
+pub struct OsFile {
+    file: File,
+}
+
+impl OsFile {
+    pub fn new(file: File) -> OsFile {
+        OsFile { file }
+    }
+}
+
+impl FileIo for OsFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(&self.file, buf, offset)
+    }
+
+    fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        FileExt::write_all_at(&self.file, data, offset)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        match rustix::fs::fallocate(
+            &self.file,
+            rustix::fs::FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        ) {
+            Ok(()) => Ok(()),
+            // Filesystems without fallocate (or without KEEP_SIZE) just
+            // take blocks as they are written, as before.
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn free_space(&self) -> io::Result<u64> {
+        let stat = rustix::fs::fstatvfs(&self.file)?;
+        Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+    }
+
+    fn start_writeback(&self) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // Neither std nor rustix offers `sync_file_range`.
+        // SAFETY: a plain syscall on a descriptor `self.file` keeps open.
+        #[allow(unsafe_code)]
+        let rc = unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE)
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn lock_handle(&self) -> io::Result<Option<File>> {
+        self.file.try_clone().map(Some)
+    }
+}
+
+/// Opens files of the filesystem as [`OsFile`]s.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsOpener;
+
+impl Opener for OsOpener {
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        Ok(Arc::new(OsFile::new(file)))
+    }
+
+    fn open_read(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
+        Ok(Arc::new(OsFile::new(File::open(path)?)))
+    }
+}
+
+/// The least blocks reserved ahead of the store's end at a time: redb
+/// grows a small file by little, and a step a call keeps `fallocate` off
+/// most of its growths.
+const MIN_STEP: u64 = 1024 * 1024;
+
+/// The most blocks reserved ahead of the store's end: enough for a large
+/// store's growths to be seldom, while a disk filling up still leaves the
+/// log most of what is free.
+const MAX_STEP: u64 = 64 * 1024 * 1024;
+
+/// How far ahead of `len` blocks are reserved: an eighth of the file,
+/// within [`MIN_STEP`] and [`MAX_STEP`].
+fn step(len: u64) -> u64 {
+    (len / 8).clamp(MIN_STEP, MAX_STEP)
+}
+
+/// Reserving ahead takes at most this share of the filesystem's free
+/// space (a quarter). Where free space is shorter, the store's file grows
+/// without a reservation and its blocks are taken as redb writes them: a
+/// disk that then fills up refuses the store's writes at once, rather than
+/// letting them go on into blocks put aside while the disk was all but
+/// full. The log does the same with its own file (see
+/// [`Wal::restart`](crate::wal::Wal::restart)). [`Headroom::space_short`]
+/// says so, for the store to refuse writes before redb meets the full
+/// disk.
+const SPARE_SHARE: u64 = 4;
+
+/// Whether `e` says the filesystem or the user's quota is full.
+fn out_of_space(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    ) || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// The blocks reserved for the store's file beyond its end, shared between
+/// the [`RedbFile`] redb writes through and the store, which can look here
+/// before a write and refuse it while redb can still take it: redb itself,
+/// once it meets a full disk, fails every later read too until it is
+/// opened again.
+///
+/// One `Headroom` can outlive the backend it was made with: a store that
+/// reopens redb gives the new [`RedbFile`] the same one
+/// ([`RedbFile::with_headroom`]), and it then follows the new file.
+#[derive(Debug, Default)]
+pub struct Headroom {
+    /// The file reserved for; `None` once its backend is closed.
+    state: Mutex<Option<Reservation>>,
+    /// Whether the last attempt to reserve a whole step failed for space.
+    short: AtomicBool,
+    /// Tells the backends that shared this apart, so that a closed one
+    /// cannot change what the open one reserved.
+    owners: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Reservation {
+    /// The [`RedbFile`] this is for (see [`Headroom::owners`]).
+    owner: u64,
+    file: Arc<dyn FileIo>,
+    /// The file's length, as last set through the backend.
+    len: u64,
+    /// Where the blocks known to be reserved end: past `len` when blocks
+    /// are reserved ahead, before it when the file grew short of space
+    /// (a later reservation starts here, taking in what that growth
+    /// left). On opening, taken to be the length: holes that a file grown
+    /// before has (redb writes a page only once it uses it) are not
+    /// reserved again, which would take the space of every unused page at
+    /// once.
+    end: u64,
+}
+
+impl Reservation {
+    /// Reserves blocks through at least `want`: a step beyond it, or, when
+    /// there is no space for that, exactly through it; the error when not
+    /// even that can be had. `spare_only`: reserves nothing, returning
+    /// false, when the step would take more than its share of the free
+    /// space ([`SPARE_SHARE`]).
+    fn reserve(&mut self, want: u64, short: &AtomicBool, spare_only: bool) -> io::Result<bool> {
+        if want <= self.end {
+            return Ok(true);
+        }
+        let ahead = want.saturating_add(step(want));
+        if spare_only
+            && !self
+                .file
+                .free_space()
+                .is_ok_and(|free| free / SPARE_SHARE >= ahead - self.end)
+        {
+            short.store(true, Ordering::Release);
+            return Ok(false);
+        }
+        match self.file.allocate(self.end, ahead - self.end) {
+            Ok(()) => {
+                short.store(false, Ordering::Release);
+                self.end = ahead;
+                return Ok(true);
+            }
+            Err(e) if out_of_space(&e) => short.store(true, Ordering::Release),
+            Err(e) => return Err(e),
+        }
+        self.file.allocate(self.end, want - self.end)?;
+        self.end = want;
+        Ok(true)
+    }
+}
+
+impl Headroom {
+    /// Bytes reserved beyond the store file's end: what redb can still
+    /// grow it by without meeting a full disk. 0 while no backend is open.
+    pub fn headroom(&self) -> u64 {
+        self.lock()
+            .as_ref()
+            .map_or(0, |r| r.end.saturating_sub(r.len))
+    }
+
+    /// Whether the last attempt to reserve a whole step ahead failed for
+    /// want of space, or was not made because the step would have taken
+    /// more than a quarter of the free space: the disk is nearly full, and
+    /// the file grows into whatever is left.
+    pub fn space_short(&self) -> bool {
+        self.short.load(Ordering::Acquire)
+    }
+
+    /// Tries to have `bytes` reserved beyond the file's end, before a write
+    /// that may grow it by that much; whether they are. Tries a whole step
+    /// beyond first, like a growth, so that a disk with space again stops
+    /// being [`Headroom::space_short`]; unlike a growth, takes what it can
+    /// however little free space is left, since the write waits on it.
+    pub fn try_reserve(&self, bytes: u64) -> bool {
+        match self.lock().as_mut() {
+            Some(r) => r
+                .reserve(r.len.saturating_add(bytes), &self.short, false)
+                .is_ok_and(|reserved| reserved),
+            None => false,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Reservation>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// redb's storage: a file opened through an [`Opener`], which keeps blocks
+/// reserved ahead of the file's end as redb grows it (see [`Headroom`]).
+///
+/// When redb grows the file, blocks are first reserved through a step
+/// beyond the new length (an eighth of it, 1 to 64 MiB); short of
+/// space for that, through the new length only, and short of space even
+/// for that, the growth fails before the file changes. Where the step
+/// would take more than a quarter of the free space, nothing is reserved
+/// and the file grows without a reservation, and the store is told (see
+/// [`Headroom::space_short`]). Locks are redb's own, taken by its
+/// [`FileBackend`] on the same open file.
+#[derive(Debug)]
+pub struct RedbFile {
+    file: Arc<dyn FileIo>,
+    headroom: Arc<Headroom>,
+    /// This backend's number in `headroom` (see [`Headroom::owners`]).
+    owner: u64,
+    /// Takes redb's locks, exactly as redb's own backend does; `None`
+    /// when `file` offers no descriptor to lock.
+    locks: Option<FileBackend>,
+}
+
+impl RedbFile {
+    /// A backend over `file`, and the handle to its [`Headroom`].
+    pub fn new(file: Arc<dyn FileIo>) -> io::Result<(RedbFile, Arc<Headroom>)> {
+        let headroom = Arc::new(Headroom::default());
+        let backend = RedbFile::with_headroom(file, &headroom)?;
+        Ok((backend, headroom))
+    }
+
+    /// A backend over `file` that reserves through `headroom` (which then
+    /// no longer follows the file it was made with): for a store that
+    /// reopens redb and keeps its handle.
+    pub fn with_headroom(file: Arc<dyn FileIo>, headroom: &Arc<Headroom>) -> io::Result<RedbFile> {
+        let len = file.len()?;
+        let locks = match file.lock_handle()? {
+            Some(handle) => Some(FileBackend::new(handle).map_err(io::Error::other)?),
+            None => None,
+        };
+        let owner = headroom.owners.fetch_add(1, Ordering::Relaxed);
+        *headroom.lock() = Some(Reservation {
+            owner,
+            file: file.clone(),
+            len,
+            end: len,
+        });
+        Ok(RedbFile {
+            file,
+            headroom: headroom.clone(),
+            owner,
+            locks,
+        })
+    }
+
+    fn locks(&self) -> Result<&FileBackend, BackendError> {
+        self.locks.as_ref().ok_or(BackendError::Unsupported)
+    }
+
+    /// Lets go of the headroom's reservation, unless a newer backend has
+    /// it: the file's descriptor must not outlive the backend, or the
+    /// locks taken on its open file would too.
+    fn detach(&self) {
+        let mut state = self.headroom.lock();
+        if state.as_ref().is_some_and(|r| r.owner == self.owner) {
+            *state = None;
+        }
+    }
+}
+
+impl Drop for RedbFile {
+    // redb does not call `close` when it panics while opening a file.
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+impl StorageBackend for RedbFile {
+    fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(out, offset)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut state = self.headroom.lock();
+        let Some(r) = state.as_mut().filter(|r| r.owner == self.owner) else {
+            return self.file.set_len(len);
+        };
+        if len > r.len {
+            r.reserve(len, &self.headroom.short, true)?;
+        }
+        self.file.set_len(len)?;
+        if len < r.len {
+            // Cutting a file frees every block past its new end, the
+            // reserved ones too.
+            r.end = r.end.min(len);
+        }
+        r.len = len;
+        Ok(())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+
+    fn close(&self) -> io::Result<()> {
+        self.detach();
+        match &self.locks {
+            Some(locks) => locks.close(),
+            None => Ok(()),
+        }
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.locks()?.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        self.locks()?.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.locks()?.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.locks()?.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.locks()?.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.locks()?.query_lock_range(start, end)
+    }
+}
+
+#[cfg(any(test, feature = "test-hooks"))]
+pub use faults::{FaultPlan, FaultyFile, FaultyOpener, Files, IoOp};
+
+/// Failures injected at chosen operations, for tests (built with the
+/// `test-hooks` feature, and in this crate's own tests).
+#[cfg(any(test, feature = "test-hooks"))]
+mod faults {
+    use std::collections::HashMap;
+    use std::fs::File;
+    use std::io;
+    use std::path::{Path, PathBuf};
+    use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+    use super::{FileIo, Opener, OsOpener};
+
+    /// The operations a [`FaultPlan`] fails and counts.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum IoOp {
+        Read,
+        Write,
+        Sync,
+        SetLen,
+        Allocate,
+    }
+
+    /// Which files a fault or a count is about.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum Files {
+        Any,
+        /// Those whose name ends so (`".wal"`, `".redb"`).
+        Suffix(String),
+    }
+
+    impl Files {
+        pub fn suffix(suffix: &str) -> Files {
+            Files::Suffix(suffix.to_owned())
+        }
+
+        fn matches(&self, path: &Path) -> bool {
+            match self {
+                Files::Any => true,
+                Files::Suffix(suffix) => path
+                    .file_name()
+                    .is_some_and(|name| name.to_string_lossy().ends_with(suffix.as_str())),
+            }
+        }
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Fault {
+        /// Fails with this errno.
+        Fail(i32),
+        /// Writes the first half, then fails with EIO.
+        Tear,
+    }
+
+    #[derive(Debug)]
+    struct Rule {
+        files: Files,
+        op: IoOp,
+        /// Matching operations to let through first; `None`: fail every
+        /// one until cleared.
+        skip: Option<u64>,
+        fault: Fault,
+    }
+
+    #[derive(Debug, Default)]
+    struct PlanState {
+        rules: Vec<Rule>,
+        counts: HashMap<(PathBuf, IoOp), u64>,
+        injected: u64,
+        /// Free space to report instead of the filesystem's; the last
+        /// that matches a file wins.
+        free: Vec<(Files, u64)>,
+    }
+
+    /// What to fail, shared by a [`FaultyOpener`] and the test that steers
+    /// it. Every operation is counted, failed or not, so that a test can
+    /// count a clean run's operations and then fail each in turn. Errors
+    /// are real OS errors (`io::Error::from_raw_os_error`), as the code
+    /// under test would get them from the kernel.
+    #[derive(Debug, Default)]
+    pub struct FaultPlan {
+        state: Mutex<PlanState>,
+    }
+
+    impl FaultPlan {
+        pub fn new() -> Arc<FaultPlan> {
+            Arc::new(FaultPlan::default())
+        }
+
+        /// Fails the `n`th next `op` on `files` from now (0: the next one)
+        /// with `errno`, once.
+        pub fn fail_nth(&self, files: Files, op: IoOp, n: u64, errno: i32) {
+            self.add(files, op, Some(n), Fault::Fail(errno));
+        }
+
+        /// Fails the next `op` on `files` with `errno`, once.
+        pub fn fail_next(&self, files: Files, op: IoOp, errno: i32) {
+            self.fail_nth(files, op, 0, errno);
+        }
+
+        /// Fails every `op` on `files` with `errno` until
+        /// [`FaultPlan::clear`].
+        pub fn fail_all(&self, files: Files, op: IoOp, errno: i32) {
+            self.add(files, op, None, Fault::Fail(errno));
+        }
+
+        /// Tears the `n`th next write on `files` (0: the next one): only
+        /// its first half is written, and it fails with EIO.
+        pub fn tear_nth_write(&self, files: Files, n: u64) {
+            self.add(files, IoOp::Write, Some(n), Fault::Tear);
+        }
+
+        /// Tears the next write on `files` (see [`FaultPlan::tear_nth_write`]).
+        pub fn tear_next_write(&self, files: Files) {
+            self.tear_nth_write(files, 0);
+        }
+
+        /// Reports `bytes` as the free space of `files` (`None`: the
+        /// filesystem's again), for code that decides by it.
+        pub fn set_free_space(&self, files: Files, bytes: Option<u64>) {
+            let mut state = self.lock();
+            state.free.retain(|(f, _)| *f != files);
+            if let Some(bytes) = bytes {
+                state.free.push((files, bytes));
+            }
+        }
+
+        /// Drops every fault not injected yet and every free space set;
+        /// counts are kept.
+        pub fn clear(&self) {
+            let mut state = self.lock();
+            state.rules.clear();
+            state.free.clear();
+        }
+
+        /// How many `op`s were made on `files` since the plan was made or
+        /// [`FaultPlan::reset_counts`], failed ones included.
+        pub fn count(&self, files: &Files, op: IoOp) -> u64 {
+            self.lock()
+                .counts
+                .iter()
+                .filter(|((path, o), _)| *o == op && files.matches(path))
+                .map(|(_, n)| n)
+                .sum()
+        }
+
+        /// Starts every count from 0 again.
+        pub fn reset_counts(&self) {
+            self.lock().counts.clear();
+        }
+
+        /// How many operations were failed or torn so far.
+        pub fn injected(&self) -> u64 {
+            self.lock().injected
+        }
+
+        /// Whether faults asked for once are still waiting for their
+        /// operation.
+        pub fn pending(&self) -> bool {
+            self.lock().rules.iter().any(|r| r.skip.is_some())
+        }
+
+        fn add(&self, files: Files, op: IoOp, skip: Option<u64>, fault: Fault) {
+            self.lock().rules.push(Rule {
+                files,
+                op,
+                skip,
+                fault,
+            });
+        }
+
+        fn free_space(&self, path: &Path) -> Option<u64> {
+            let state = self.lock();
+            let set = state.free.iter().rev().find(|(f, _)| f.matches(path));
+            set.map(|(_, bytes)| *bytes)
+        }
+
+        /// Counts `op` on `path` and says which fault, if any, it meets.
+        /// Every matching rule sees it, so that each counts its own.
+        fn check(&self, path: &Path, op: IoOp) -> Option<Fault> {
+            let mut state = self.lock();
+            *state.counts.entry((path.to_path_buf(), op)).or_default() += 1;
+            let mut hit = None;
+            state.rules.retain_mut(|rule| {
+                if rule.op != op || !rule.files.matches(path) {
+                    return true;
+                }
+                match &mut rule.skip {
+                    None => {
+                        hit = hit.or(Some(rule.fault));
+                        true
+                    }
+                    Some(0) => {
+                        hit = hit.or(Some(rule.fault));
+                        false
+                    }
+                    Some(n) => {
+                        *n -= 1;
+                        true
+                    }
+                }
+            });
+            if hit.is_some() {
+                state.injected += 1;
+            }
+            hit
+        }
+
+        fn lock(&self) -> MutexGuard<'_, PlanState> {
+            self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    /// Opens files of the filesystem as [`FaultyFile`]s following `plan`.
+    #[derive(Clone, Debug)]
+    pub struct FaultyOpener {
+        plan: Arc<FaultPlan>,
+    }
+
+    impl FaultyOpener {
+        pub fn new(plan: Arc<FaultPlan>) -> FaultyOpener {
+            FaultyOpener { plan }
+        }
+
+        fn wrap(&self, path: &Path, inner: Arc<dyn FileIo>) -> Arc<dyn FileIo> {
+            Arc::new(FaultyFile {
+                inner,
+                path: path.to_path_buf(),
+                plan: self.plan.clone(),
+            })
+        }
+    }
+
+    impl Opener for FaultyOpener {
+        fn open(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
+            Ok(self.wrap(path, OsOpener.open(path)?))
+        }
+
+        fn open_read(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
+            Ok(self.wrap(path, OsOpener.open_read(path)?))
+        }
+    }
+
+    /// A file of the filesystem whose reads, writes, syncs, changes of
+    /// length and reservations go through a [`FaultPlan`] first, and whose
+    /// free space the plan can set.
+    #[derive(Debug)]
+    pub struct FaultyFile {
+        inner: Arc<dyn FileIo>,
+        path: PathBuf,
+        plan: Arc<FaultPlan>,
+    }
+
+    impl FaultyFile {
+        /// Fails `op` when the plan says so.
+        fn gate(&self, op: IoOp) -> io::Result<()> {
+            match self.plan.check(&self.path, op) {
+                Some(Fault::Fail(errno)) => Err(io::Error::from_raw_os_error(errno)),
+                Some(Fault::Tear) => Err(io::Error::from_raw_os_error(libc::EIO)),
+                None => Ok(()),
+            }
+        }
+    }
+
+    impl FileIo for FaultyFile {
+        fn len(&self) -> io::Result<u64> {
+            self.inner.len()
+        }
+
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            self.gate(IoOp::Read)?;
+            self.inner.read_exact_at(buf, offset)
+        }
+
+        fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+            match self.plan.check(&self.path, IoOp::Write) {
+                Some(Fault::Fail(errno)) => Err(io::Error::from_raw_os_error(errno)),
+                Some(Fault::Tear) => {
+                    self.inner.write_all_at(&data[..data.len() / 2], offset)?;
+                    Err(io::Error::from_raw_os_error(libc::EIO))
+                }
+                None => self.inner.write_all_at(data, offset),
+            }
+        }
+
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.gate(IoOp::SetLen)?;
+            self.inner.set_len(len)
+        }
+
+        fn sync_data(&self) -> io::Result<()> {
+            self.gate(IoOp::Sync)?;
+            self.inner.sync_data()
+        }
+
+        fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+            self.gate(IoOp::Allocate)?;
+            self.inner.allocate(offset, len)
+        }
+
+        fn free_space(&self) -> io::Result<u64> {
+            match self.plan.free_space(&self.path) {
+                Some(bytes) => Ok(bytes),
+                None => self.inner.free_space(),
+            }
+        }
+
+        fn start_writeback(&self) -> io::Result<()> {
+            self.inner.start_writeback()
+        }
+
+        fn lock_handle(&self) -> io::Result<Option<File>> {
+            self.inner.lock_handle()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    const ENOSPC: i32 = libc::ENOSPC;
+    const EIO: i32 = libc::EIO;
+
+    fn errno(r: io::Result<()>) -> Option<i32> {
+        r.err().and_then(|e| e.raw_os_error())
+    }
+
+    #[test]
+    fn a_plan_fails_exactly_the_op_asked_for_with_the_errno_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let opener = FaultyOpener::new(plan.clone());
+        let wal = opener.open(&dir.path().join("t.wal")).unwrap();
+        let redb = opener.open(&dir.path().join("t.redb")).unwrap();
+        let (log, any) = (Files::suffix(".wal"), Files::Any);
+
+        // The third write to the log from now, and only that one.
+        plan.fail_nth(log.clone(), IoOp::Write, 2, ENOSPC);
+        assert!(plan.pending());
+        let mut results = Vec::new();
+        for i in 0..4u64 {
+            results.push(errno(wal.write_all_at(b"x", i)));
+            redb.write_all_at(b"y", i).unwrap();
+        }
+        assert_eq!(results, [None, None, Some(ENOSPC), None]);
+        assert!(!plan.pending());
+        assert_eq!(std::fs::read(dir.path().join("t.wal")).unwrap(), b"xx\0x");
+
+        // The next sync of any file, once.
+        plan.fail_next(any.clone(), IoOp::Sync, EIO);
+        assert_eq!(errno(redb.sync_data()), Some(EIO));
+        wal.sync_data().unwrap();
+        redb.sync_data().unwrap();
+
+        // Every change of the store's length until cleared.
+        plan.fail_all(Files::suffix(".redb"), IoOp::SetLen, libc::EROFS);
+        for _ in 0..3 {
+            assert_eq!(errno(redb.set_len(100)), Some(libc::EROFS));
+        }
+        wal.set_len(100).unwrap();
+        assert!(!plan.pending(), "failing all is not waiting for one");
+        plan.clear();
+        redb.set_len(100).unwrap();
+
+        plan.fail_next(log.clone(), IoOp::Allocate, libc::EDQUOT);
+        assert_eq!(errno(wal.allocate(0, 4096)), Some(libc::EDQUOT));
+        wal.allocate(0, 4096).unwrap();
+        plan.fail_next(log.clone(), IoOp::Read, EIO);
+        let mut buf = [0u8; 1];
+        assert_eq!(errno(wal.read_exact_at(&mut buf, 0)), Some(EIO));
+        wal.read_exact_at(&mut buf, 0).unwrap();
+
+        // Everything was counted, failed or not.
+        assert_eq!(plan.count(&log, IoOp::Write), 4);
+        assert_eq!(plan.count(&any, IoOp::Write), 8);
+        assert_eq!(plan.count(&any, IoOp::Sync), 3);
+        assert_eq!(plan.count(&Files::suffix(".redb"), IoOp::SetLen), 4);
+        assert_eq!(plan.count(&log, IoOp::Allocate), 2);
+        assert_eq!(plan.injected(), 1 + 1 + 3 + 1 + 1);
+        plan.reset_counts();
+        assert_eq!(plan.count(&any, IoOp::Write), 0);
+    }
+
+    #[test]
+    fn a_torn_write_leaves_its_first_half_and_fails_with_eio() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let path = dir.path().join("t.wal");
+        let file = FaultyOpener::new(plan.clone()).open(&path).unwrap();
+        plan.tear_next_write(Files::suffix(".wal"));
+        assert_eq!(errno(file.write_all_at(b"abcdefgh", 0)), Some(EIO));
+        assert_eq!(std::fs::read(&path).unwrap(), b"abcd");
+        file.write_all_at(b"ijkl", 4).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"abcdijkl");
+    }
+
+    const CHUNKS: redb::TableDefinition<'_, u64, &[u8]> = redb::TableDefinition::new("chunks");
+
+    /// Commits `n` values of 64 KiB, one transaction each, from `from` on.
+    fn fill(db: &redb::Database, from: u64, n: u64) -> std::result::Result<(), redb::Error> {
+        let value = vec![7u8; 64 * 1024];
+        for key in from..from + n {
+            let txn = db.begin_write()?;
+            txn.open_table(CHUNKS)?.insert(key, value.as_slice())?;
+            txn.commit()?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn redb_grows_its_file_into_blocks_reserved_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let path = dir.path().join("t.redb");
+        let file = FaultyOpener::new(plan.clone()).open(&path).unwrap();
+        let (backend, headroom) = RedbFile::new(file).unwrap();
+        let db = redb::Builder::new().create_with_backend(backend).unwrap();
+        let store = Files::suffix(".redb");
+        let mut last_len = 0;
+        for round in 0..8 {
+            fill(&db, round * 16, 16).unwrap();
+            let len = std::fs::metadata(&path).unwrap().len();
+            assert!(len >= last_len);
+            last_len = len;
+            // redb doubles a small file as it grows: each growth passes
+            // the step reserved before, and reserves a step past itself.
+            assert_eq!(headroom.headroom(), step(len), "reserved ahead at {len}");
+            assert!(!headroom.space_short());
+            assert_eq!(
+                plan.count(&store, IoOp::Allocate),
+                plan.count(&store, IoOp::SetLen)
+            );
+        }
+        assert!(last_len >= 16 * 1024 * 1024, "redb grew its file");
+        drop(db);
+        assert_eq!(headroom.headroom(), 0, "nothing reserved once closed");
+        assert!(!headroom.try_reserve(1));
+    }
+
+    #[test]
+    fn short_of_space_a_growth_reserves_what_it_needs_or_fails_before_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let path = dir.path().join("t.redb");
+        let file = FaultyOpener::new(plan.clone()).open(&path).unwrap();
+        let (backend, headroom) = RedbFile::new(file).unwrap();
+        assert_eq!(headroom.headroom(), 0);
+        backend.set_len(4096).unwrap();
+        assert_eq!(headroom.headroom(), MIN_STEP);
+        // Within the reservation: no reserving at all.
+        plan.fail_all(Files::Any, IoOp::Allocate, ENOSPC);
+        backend.set_len(8192).unwrap();
+        assert_eq!(headroom.headroom(), MIN_STEP - 4096);
+        assert!(!headroom.space_short());
+        plan.clear();
+
+        // No room for a step: exactly the new length, and the store is told.
+        plan.fail_next(Files::Any, IoOp::Allocate, libc::EDQUOT);
+        backend.set_len(4 * MIN_STEP).unwrap();
+        assert_eq!(headroom.headroom(), 0);
+        assert!(headroom.space_short());
+
+        // No room even for that: the length stays.
+        plan.fail_all(Files::Any, IoOp::Allocate, ENOSPC);
+        let err = backend.set_len(5 * MIN_STEP).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(ENOSPC));
+        assert_eq!(backend.len().unwrap(), 4 * MIN_STEP);
+        assert!(!headroom.try_reserve(1));
+        // Space again: a reservation asked for takes a whole step.
+        plan.clear();
+        assert!(headroom.try_reserve(4096));
+        assert!(!headroom.space_short());
+        assert_eq!(headroom.headroom(), 4096 + step(4 * MIN_STEP + 4096));
+        // An I/O error reserving is the growth's error, short or not.
+        plan.fail_next(Files::Any, IoOp::Allocate, EIO);
+        assert_eq!(errno(backend.set_len(8 * MIN_STEP)), Some(EIO));
+        assert!(!headroom.space_short());
+        // Cutting the file frees what was reserved past its end.
+        backend.set_len(MIN_STEP).unwrap();
+        assert_eq!(headroom.headroom(), 0);
+    }
+
+    #[test]
+    fn where_free_space_is_short_the_file_grows_without_a_reservation() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let file = FaultyOpener::new(plan.clone())
+            .open(&dir.path().join("t.redb"))
+            .unwrap();
+        let (backend, headroom) = RedbFile::new(file).unwrap();
+        // A step through 2 MiB would take more than a quarter of 7 MiB.
+        plan.set_free_space(Files::Any, Some(7 * MIN_STEP));
+        backend.set_len(MIN_STEP).unwrap();
+        assert_eq!(plan.count(&Files::Any, IoOp::Allocate), 0);
+        assert_eq!(backend.len().unwrap(), MIN_STEP);
+        assert_eq!(headroom.headroom(), 0);
+        assert!(headroom.space_short());
+        // With room to spare, the next growth reserves from where the
+        // reservations stopped, taking in what the last one left.
+        plan.set_free_space(Files::Any, Some(12 * MIN_STEP));
+        backend.set_len(2 * MIN_STEP).unwrap();
+        assert_eq!(plan.count(&Files::Any, IoOp::Allocate), 1);
+        assert_eq!(headroom.headroom(), MIN_STEP);
+        assert!(!headroom.space_short());
+        // A reservation asked for takes what it can, however short.
+        plan.set_free_space(Files::Any, Some(0));
+        assert!(headroom.try_reserve(2 * MIN_STEP));
+        assert_eq!(headroom.headroom(), 2 * MIN_STEP + step(4 * MIN_STEP));
+    }
+
+    #[test]
+    fn a_reopened_backend_takes_over_the_stores_headroom() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let (first, headroom) = RedbFile::new(OsOpener.open(&path).unwrap()).unwrap();
+        first.set_len(4096).unwrap();
+        let second = RedbFile::with_headroom(OsOpener.open(&path).unwrap(), &headroom).unwrap();
+        assert_eq!(headroom.headroom(), 0, "follows the new file");
+        // The old one changes nothing the new one reserved, even closing.
+        first.set_len(8192).unwrap();
+        first.close().unwrap();
+        second.set_len(16384).unwrap();
+        assert_eq!(headroom.headroom(), MIN_STEP);
+    }
+
+    #[test]
+    fn redb_locks_its_file_as_with_its_own_backend() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let open = || {
+            let (backend, _) = RedbFile::new(OsOpener.open(&path).unwrap()).unwrap();
+            redb::Builder::new().create_with_backend(backend)
+        };
+        let db = open().unwrap();
+        fill(&db, 0, 1).unwrap();
+        assert!(matches!(
+            open(),
+            Err(redb::DatabaseError::DatabaseAlreadyOpen)
+        ));
+        assert!(matches!(
+            redb::Database::create(&path),
+            Err(redb::DatabaseError::DatabaseAlreadyOpen)
+        ));
+        drop(db);
+        let db = open().unwrap();
+        let read = redb::ReadableDatabase::begin_read(&db).unwrap();
+        let table = read.open_table(CHUNKS).unwrap();
+        assert_eq!(redb::ReadableTableMetadata::len(&table).unwrap(), 1);
+    }
+
+    #[test]
+    fn an_os_file_reserves_blocks_without_changing_its_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let file = OsOpener.open(&path).unwrap();
+        file.write_all_at(b"abc", 0).unwrap();
+        file.allocate(0, 1 << 20).unwrap();
+        assert_eq!(file.len().unwrap(), 3);
+        file.set_len(4096).unwrap();
+        let mut buf = [9u8; 5];
+        file.read_exact_at(&mut buf, 1).unwrap();
+        assert_eq!(&buf, b"bc\0\0\0");
+        file.sync_data().unwrap();
+        file.start_writeback().unwrap();
+        assert!(file.free_space().unwrap() > 0);
+        // Reopening keeps what the file holds; read-only refuses writes.
+        let again = OsOpener.open_read(&path).unwrap();
+        assert_eq!(again.len().unwrap(), 4096);
+        let err = again.write_all_at(b"x", 0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+        let mut past = [0u8; 2];
+        let eof = again.read_exact_at(&mut past, 4095).unwrap_err();
+        assert_eq!(eof.kind(), io::ErrorKind::UnexpectedEof);
+    }
+}

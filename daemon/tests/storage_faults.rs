@@ -1,0 +1,273 @@
+//! The store under a failing disk: a full disk, an I/O error or a torn
+//! write at one exact operation, injected under its files with
+//! `store_io::FaultyOpener` (feature `test-hooks`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tether_protocol::{Frame, FrameKind};
+use tetherd::store::{ReadLimits, Store, StreamMeta};
+use tetherd::store_io::{FaultPlan, FaultyOpener, Files, IoOp};
+use tetherd::Error;
+
+const NAME: &str = "s";
+const STREAM_ID: u64 = 1;
+/// Small enough that a few commits go round it, so that the store keeps
+/// chunks in the log as well as in redb.
+const LOG: u64 = 128 * 1024;
+
+fn frame(seq: u64) -> Frame {
+    Frame {
+        ts_micros: 1_700_000_000_000_000 + seq,
+        kind: FrameKind::Data,
+        payload: Bytes::from(format!("frame-{seq:05}-").repeat(20)),
+    }
+}
+
+fn open(path: &Path, plan: &Arc<FaultPlan>) -> tetherd::Result<Store> {
+    Store::open_with(path, LOG, Arc::new(FaultyOpener::new(plan.clone())))
+}
+
+/// Appends frames `meta.last_seq + 1 ..= through` in one logged commit,
+/// and syncs the log as the syncer would; `meta` only changes once
+/// everything worked.
+fn append_through(store: &Store, meta: &mut StreamMeta, through: u64) -> tetherd::Result<()> {
+    let mut next = meta.clone();
+    store.write_logged(
+        |txn| {
+            while next.last_seq < through {
+                next.last_seq += 1;
+                next.frames += 1;
+                txn.put_frame(STREAM_ID, next.last_seq, &frame(next.last_seq))?;
+            }
+            txn.put_stream(NAME, &next)
+        },
+        |_| {},
+    )?;
+    store
+        .wal_sync_handle()
+        .sync()
+        .map_err(|e| Error::io("syncing the log", e))?;
+    *meta = next;
+    Ok(())
+}
+
+/// Every frame of the stream, by seq.
+fn read_all(store: &Store) -> tetherd::Result<Vec<u64>> {
+    let limits = ReadLimits {
+        max_frames: usize::MAX,
+        max_bytes: usize::MAX,
+        through_seq: u64::MAX,
+    };
+    let read = store.read_frames(NAME, 1, limits)?;
+    for (seq, frame) in &read.frames {
+        assert_eq!(frame, &self::frame(*seq), "frame {seq} as written");
+    }
+    Ok(read.frames.into_iter().map(|(seq, _)| seq).collect())
+}
+
+fn seqs(through: u64) -> Vec<u64> {
+    (1..=through).collect()
+}
+
+#[test]
+fn a_full_disk_under_a_logged_write_is_disk_full_and_what_was_committed_stays_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tether.redb");
+    let plan = FaultPlan::new();
+    let store = open(&path, &plan).unwrap();
+    let mut meta = StreamMeta::new(STREAM_ID, 0);
+    for through in (10..=100).step_by(10) {
+        append_through(&store, &mut meta, through).unwrap();
+    }
+    assert_eq!(read_all(&store).unwrap(), seqs(100));
+
+    // The disk is full: the log's append fails, and so does the durable
+    // commit the store falls back to.
+    for op in [IoOp::Write, IoOp::SetLen, IoOp::Allocate] {
+        plan.fail_all(Files::Any, op, libc::ENOSPC);
+    }
+    let err = append_through(&store, &mut meta, 110).unwrap_err();
+    assert!(matches!(err, Error::DiskFull { .. }), "{err:?}");
+    assert!(
+        plan.count(&Files::suffix(".wal"), IoOp::Write) > 0,
+        "the log was written to first"
+    );
+    assert_eq!(meta.last_seq, 100);
+    // Everything committed before is still read, the disk still full.
+    assert_eq!(read_all(&store).unwrap(), seqs(100));
+
+    // Space again: writes go on where they stopped.
+    plan.clear();
+    store.recover().unwrap();
+    append_through(&store, &mut meta, 110).unwrap();
+    assert_eq!(read_all(&store).unwrap(), seqs(110));
+    store.close().unwrap();
+    let reopened = open(&path, &plan).unwrap();
+    assert_eq!(read_all(&reopened).unwrap(), seqs(110));
+}
+
+#[test]
+fn a_log_append_that_fails_commits_nothing_and_leaves_redb_readable() {
+    //! A failed log append once fell back to a durable redb commit, which
+    //! on a full disk made redb meet the failure too (and then refuse
+    //! reads until reopened).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tether.redb");
+    let plan = FaultPlan::new();
+    let store = open(&path, &plan).unwrap();
+    let mut meta = StreamMeta::new(STREAM_ID, 0);
+    append_through(&store, &mut meta, 10).unwrap();
+    plan.reset_counts();
+    plan.fail_next(Files::suffix(".wal"), IoOp::Write, libc::ENOSPC);
+    let e = append_through(&store, &mut meta, 20).unwrap_err();
+    assert!(matches!(e, Error::DiskFull { .. }), "{e:?}");
+    assert_eq!(plan.injected(), 1);
+    assert_eq!(
+        plan.count(&Files::suffix(".redb"), IoOp::Sync),
+        0,
+        "redb was not made to commit durably instead"
+    );
+    assert_eq!(meta.last_seq, 10);
+    assert_eq!(read_all(&store).unwrap(), seqs(10));
+    // The append's number was given back: the next record follows on.
+    append_through(&store, &mut meta, 20).unwrap();
+    assert_eq!(read_all(&store).unwrap(), seqs(20));
+    drop(store);
+    assert_eq!(read_all(&open(&path, &plan).unwrap()).unwrap(), seqs(20));
+}
+
+#[test]
+fn the_store_keeps_headroom_and_reports_a_short_disk_before_redb_meets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tether.redb");
+    let plan = FaultPlan::new();
+    let store = open(&path, &plan).unwrap();
+    let headroom = store.headroom();
+    let mut meta = StreamMeta::new(STREAM_ID, 0);
+    append_through(&store, &mut meta, 10).unwrap();
+    store.persist().unwrap();
+    assert!(headroom.headroom() > 0);
+    assert!(!headroom.space_short());
+
+    plan.fail_all(Files::suffix(".redb"), IoOp::Allocate, libc::ENOSPC);
+    let room = headroom.headroom();
+    assert!(headroom.try_reserve(room), "within what is reserved");
+    assert!(!headroom.try_reserve(room + 1));
+    assert!(headroom.space_short());
+    // Reads and writes within the headroom go on.
+    append_through(&store, &mut meta, 20).unwrap();
+    assert_eq!(read_all(&store).unwrap(), seqs(20));
+
+    plan.clear();
+    assert!(headroom.try_reserve(room + 1));
+    assert!(!headroom.space_short());
+    // The handle follows the store through a reopening of redb.
+    store.recover().unwrap();
+    assert!(headroom.try_reserve(1));
+}
+
+/// A store holding frames 1 to 50 from five logged commits, synced but
+/// not persisted.
+fn fifty(path: &Path, plan: &Arc<FaultPlan>) -> (Store, StreamMeta) {
+    let store = open(path, plan).unwrap();
+    let mut meta = StreamMeta::new(STREAM_ID, 0);
+    for through in (10..=50).step_by(10) {
+        append_through(&store, &mut meta, through).unwrap();
+    }
+    (store, meta)
+}
+
+/// Fails each write, sync, change of length and reservation of one logged
+/// commit and the persist after it in turn (with `errno`, or torn), and
+/// checks that the store then holds either everything before that commit
+/// or everything with it (with it once the log was synced), now, after
+/// recovering, and after reopening; and that it takes the next commit
+/// once the fault is gone.
+fn every_fault_of_one_commit(through: u64, ops: &[IoOp], fault: impl Fn(&FaultPlan, IoOp, u64)) {
+    // A clean run, to count the operations.
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new();
+    let (store, mut meta) = fifty(&dir.path().join("tether.redb"), &plan);
+    plan.reset_counts();
+    append_through(&store, &mut meta, through).unwrap();
+    store.persist().unwrap();
+    let counts: Vec<u64> = ops.iter().map(|op| plan.count(&Files::Any, *op)).collect();
+    assert!(counts.iter().all(|n| *n > 0), "{ops:?}: {counts:?}");
+    drop(store);
+
+    for (&op, count) in ops.iter().zip(counts) {
+        for k in 0..count {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("tether.redb");
+            let plan = FaultPlan::new();
+            let (store, mut meta) = fifty(&path, &plan);
+            fault(&plan, op, k);
+            let appended = append_through(&store, &mut meta, through);
+            if appended.is_ok() {
+                // Its failure is the injected one; what the store holds
+                // is checked below.
+                let _ = store.persist();
+            }
+            assert!(!plan.pending(), "{op:?} {k} was not reached");
+            let held = |what: &str, seqs: Vec<u64>| {
+                let held = seqs.len() as u64;
+                assert_eq!(seqs, self::seqs(held), "{op:?} {k}, {what}");
+                match &appended {
+                    Ok(()) => assert_eq!(held, through, "{op:?} {k}, {what}"),
+                    Err(_) => assert!(held == 50 || held == through, "{op:?} {k}, {what}"),
+                }
+            };
+            held("read at once", read_all(&store).unwrap());
+            store.recover().unwrap();
+            held("after recovering", read_all(&store).unwrap());
+            store.close().unwrap();
+            drop(store);
+            let store = open(&path, &plan).unwrap();
+            let after = read_all(&store).unwrap();
+            held("reopened", after.clone());
+            let mut meta = StreamMeta::new(STREAM_ID, 0);
+            meta.last_seq = after.len() as u64;
+            meta.frames = meta.last_seq;
+            append_through(&store, &mut meta, through + 10).unwrap();
+            assert_eq!(read_all(&store).unwrap(), seqs(through + 10), "{op:?} {k}");
+        }
+    }
+}
+
+/// What a small commit and the persist after it do: the store's file
+/// does not grow.
+const SMALL: [IoOp; 2] = [IoOp::Write, IoOp::Sync];
+
+/// A commit too big for the log, which grows the store's file.
+#[test]
+fn growing_the_store_short_of_space_at_any_point_keeps_it_whole() {
+    let growth = [IoOp::Sync, IoOp::SetLen, IoOp::Allocate];
+    every_fault_of_one_commit(8000, &growth, |plan, op, k| {
+        plan.fail_nth(Files::Any, op, k, libc::ENOSPC)
+    });
+}
+
+#[test]
+fn an_io_error_at_any_point_of_a_commit_keeps_the_store_whole() {
+    every_fault_of_one_commit(60, &SMALL, |plan, op, k| {
+        plan.fail_nth(Files::Any, op, k, libc::EIO)
+    });
+}
+
+#[test]
+fn a_full_disk_at_any_point_of_a_commit_keeps_the_store_whole() {
+    every_fault_of_one_commit(60, &SMALL, |plan, op, k| {
+        plan.fail_nth(Files::Any, op, k, libc::ENOSPC)
+    });
+}
+
+#[test]
+fn a_torn_write_at_any_point_of_a_commit_keeps_the_store_whole() {
+    every_fault_of_one_commit(60, &SMALL, |plan, op, k| match op {
+        IoOp::Write => plan.tear_nth_write(Files::Any, k),
+        _ => plan.fail_nth(Files::Any, op, k, libc::EIO),
+    });
+}
