@@ -13,6 +13,12 @@ pub enum Error {
     #[error("store {path} is corrupt or unreadable: {detail}")]
     CorruptStore { path: PathBuf, detail: String },
 
+    /// The store is damaged: acknowledged data may be lost. The daemon
+    /// refuses to start (exit 65) and changes no byte of the state
+    /// directory; `tetherd repair` is the way past it.
+    #[error("{0}")]
+    Damaged(Box<Damage>),
+
     /// Another daemon holds the state directory's lock.
     #[error("state directory {dir} is in use by {holder}")]
     AlreadyRunning { dir: PathBuf, holder: String },
@@ -79,12 +85,21 @@ impl Error {
         }
     }
 
+    /// Whether this is damage to the store (exit 65), rather than a
+    /// failure to reach or use it.
+    pub fn is_damage(&self) -> bool {
+        matches!(self, Error::Damaged(_) | Error::CorruptStore { .. })
+    }
+
     /// The wire error code a client sees for this error. The one place where
     /// daemon errors become protocol errors.
     pub fn code(&self) -> ErrorCode {
         match self {
             Error::DiskFull { .. } => ErrorCode::STORAGE_FULL,
-            Error::Storage(_) | Error::CorruptStore { .. } | Error::Io { .. } => ErrorCode::STORAGE,
+            Error::Storage(_)
+            | Error::CorruptStore { .. }
+            | Error::Damaged(_)
+            | Error::Io { .. } => ErrorCode::STORAGE,
             Error::StreamNotFound(_) | Error::ExecutionNotFound(_) => ErrorCode::NOT_FOUND,
             Error::IllegalTransition { .. } => ErrorCode::INTERNAL,
             Error::InvalidRequest(_) => ErrorCode::INVALID_REQUEST,
@@ -108,4 +123,32 @@ pub(crate) fn is_disk_full(e: &io::Error) -> bool {
         e.kind(),
         io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
     ) || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// Where a store is damaged, and what that costs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// The damaged file.
+    pub file: PathBuf,
+    /// The byte of the file where the damage starts, when known.
+    pub offset: Option<u64>,
+    /// What is wrong there.
+    pub what: String,
+    /// What is affected: stream and seq ranges, or what cannot be known.
+    pub affected: String,
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the store is damaged: {}", self.file.display())?;
+        if let Some(offset) = self.offset {
+            write!(f, " at byte {offset}")?;
+        }
+        write!(
+            f,
+            ": {}; affected: {}. Nothing was changed; `tetherd repair` keeps what \
+             verifies and records what was lost",
+            self.what, self.affected
+        )
+    }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -71,7 +71,26 @@ struct Args {
     /// Largest checkpoint accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 8 * 1024 * 1024)]
     max_checkpoint_bytes: usize,
+
+    #[command(subcommand)]
+    command: Option<Command>,
 }
+
+/// What to do instead of serving.
+#[derive(Clone, Debug, Subcommand)]
+enum Command {
+    /// Verify the store without changing a byte: exit 0 with a summary
+    /// when it is whole, 65 listing every damaged place otherwise.
+    Check {
+        /// The state directory [default: as for the daemon]
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+    },
+}
+
+/// `tetherd` and `tetherd check` exit with this when the store is damaged
+/// (`EX_DATAERR`); the shipped units do not restart on it.
+const EXIT_DAMAGED: u8 = 65;
 
 fn main() -> ExitCode {
     allocator::configure();
@@ -80,14 +99,34 @@ fn main() -> ExitCode {
     // workers do not inherit them.
     let listen_env = tetherd::activation::ListenEnv::take_from_process();
     let notify_env = tetherd::notify::NotifyEnv::take_from_process();
-    match start(args, &listen_env, &notify_env) {
+    let result = match args.command.clone() {
+        Some(Command::Check { state_dir }) => state_dir_of(&args, state_dir)
+            .and_then(|dir| tetherd::store::check::run(&dir))
+            .map(|summary| println!("{summary}")),
+        None => start(args, &listen_env, &notify_env),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("tetherd: error: {e}");
-            ExitCode::FAILURE
+            if e.is_damage() {
+                ExitCode::from(EXIT_DAMAGED)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
+}
+
+/// The state directory `check` and `repair` work on: their own flag, the
+/// daemon's, or the default.
+fn state_dir_of(args: &Args, own: Option<PathBuf>) -> tetherd::Result<PathBuf> {
+    let args = Args {
+        state_dir: own.or_else(|| args.state_dir.clone()),
+        ..args.clone()
+    };
+    config_from(args).map(|config| config.state_dir)
 }
 
 fn start(

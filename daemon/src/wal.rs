@@ -295,6 +295,12 @@ pub struct Replayed {
     /// first, and neither was synced, so neither was acknowledged), and so
     /// can damage to a synced log: the store warns either way.
     pub stopped_before: Option<(u64, u64)>,
+    /// The record due when the replay ended, when it was there but failed
+    /// its check (its number, where it starts), rather than the log simply
+    /// ending (zeros, the file's end, an older record). A crash that cut
+    /// the last write short leaves that; so does damage, which then shows
+    /// as a valid later record somewhere after it ([`Wal::find_valid_after`]).
+    pub ended_at_damage: Option<(u64, u64)>,
 }
 
 /// What the bytes at a position of the log hold.
@@ -448,6 +454,19 @@ impl Wal {
         let file = opener
             .open(path)
             .map_err(|e| Error::io(format!("cannot open the log {}", path.display()), e))?;
+        Self::over(file, path, capacity)
+    }
+
+    /// Opens the log at `path` only to read it (`tetherd check`): nothing
+    /// is created or written.
+    pub fn open_read(path: &Path, capacity: u64, opener: &dyn Opener) -> Result<Wal> {
+        let file = opener
+            .open_read(path)
+            .map_err(|e| Error::io(format!("cannot open the log {}", path.display()), e))?;
+        Self::over(file, path, capacity)
+    }
+
+    fn over(file: Arc<dyn FileIo>, path: &Path, capacity: u64) -> Result<Wal> {
         let filled = file
             .len()
             .map_err(|e| Error::io(format!("cannot read the log {}", path.display()), e))?;
@@ -855,6 +874,7 @@ impl Wal {
         let mut body = Vec::new();
         let mut next_lap = Vec::new();
         let mut stopped_before = None;
+        let mut ended_at_damage = None;
         loop {
             let due = last.map_or(applied + 1, |l| l + 1);
             let mut physical = if round { pos % self.capacity } else { pos };
@@ -888,6 +908,8 @@ impl Wal {
                             Record::Valid { number: next, .. } if next == number + 1)
                     {
                         stopped_before = Some((number, pos));
+                    } else if number == due {
+                        ended_at_damage = Some((number, pos));
                     }
                     break;
                 }
@@ -912,6 +934,7 @@ impl Wal {
             last: last.map_or(applied, |l| l.max(applied)),
             end: pos,
             stopped_before,
+            ended_at_damage,
         })
     }
 
@@ -1010,6 +1033,128 @@ impl Wal {
         Ok(())
     }
 }
+
+/// Checks for damage (see `crate::store::verify`), reading only.
+impl Wal {
+    /// The bytes the log file holds.
+    pub fn file_len(&self) -> u64 {
+        self.filled
+    }
+
+    /// Where the byte at log position `pos` is in the file; `round`: the
+    /// log goes round (as the store's marks say: checks run before
+    /// [`Wal::prepare`] decides it for this run).
+    pub fn file_offset(&self, pos: u64, round: bool) -> u64 {
+        if round {
+            pos % self.capacity
+        } else {
+            pos
+        }
+    }
+
+    /// Searches the file, from just after the record at position `pos` to
+    /// where it comes back round (or its end), for a record that passes
+    /// its check and is numbered above `above` (and not absurdly so):
+    /// (its number, its byte in the file). Only asked after a record
+    /// failed its check: a valid later record after it means the failed
+    /// one was damaged rather than cut short by a crash, even when the
+    /// damage hid where the next record starts. Reads the file in pieces;
+    /// a candidate header is checked in full only when its number and
+    /// length are plausible.
+    pub fn find_valid_after(
+        &self,
+        pos: u64,
+        above: u64,
+        round: bool,
+    ) -> Result<Option<(u64, u64)>> {
+        let start = self.file_offset(pos, round) + 1;
+        let end = self.filled.min(self.capacity);
+        let ranges = if round {
+            vec![(start, end), (0, start.saturating_sub(1))]
+        } else {
+            vec![(start, end)]
+        };
+        let mut piece = vec![0u8; SCAN_PIECE + HEADER_LEN];
+        let mut body = Vec::new();
+        for (from, to) in ranges {
+            let mut at = from;
+            while at + HEADER_LEN as u64 <= to {
+                let len = ((to - at) as usize).min(piece.len());
+                if !self.read_exact_at(&mut piece[..len], at)? {
+                    break;
+                }
+                let last_start = len.saturating_sub(HEADER_LEN);
+                for i in 0..=last_start.min(SCAN_PIECE - 1) {
+                    let header = &piece[i..i + HEADER_LEN];
+                    let body_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+                    let mut number = [0u8; 8];
+                    number.copy_from_slice(&header[8..16]);
+                    let number = u64::from_le_bytes(number);
+                    let plausible = body_len > 0
+                        && number > above
+                        && number - above <= PLAUSIBLE_NUMBERS_AHEAD
+                        && at + i as u64 + HEADER_LEN as u64 + u64::from(body_len) <= to;
+                    if plausible {
+                        let candidate = at + i as u64;
+                        if let Record::Valid { number, .. } =
+                            self.read_record(candidate, &mut body)?
+                        {
+                            return Ok(Some((number, candidate)));
+                        }
+                    }
+                }
+                at += SCAN_PIECE as u64;
+            }
+        }
+        Ok(None)
+    }
+
+    /// Going round: checks that the records from `tail` (where the oldest
+    /// chunk the store reads from the log is) up to `resume` (where the
+    /// record after the last one the store holds goes) are whole and
+    /// numbered one after another: the store reads their chunks. A record
+    /// that did not fit before the file's end went to its start, leaving
+    /// stale bytes behind it, which are not damage. Returns the byte of
+    /// the file where a record is missing or fails its check.
+    pub fn verify_kept(&self, tail: u64, resume: u64) -> Result<Option<u64>> {
+        let mut at = tail;
+        let mut expected: Option<u64> = None;
+        let mut body = Vec::new();
+        while at < resume {
+            let physical = at % self.capacity;
+            match self.read_record(physical, &mut body)? {
+                Record::Valid { number, end } if expected.is_none_or(|e| e == number) => {
+                    expected = Some(number + 1);
+                    at += end - physical;
+                }
+                _ => {
+                    // Stale bytes up to the file's end, if the next
+                    // record is at the next lap's start.
+                    let next = self.next_lap(at);
+                    if next > resume {
+                        return Ok(Some(physical));
+                    }
+                    match self.read_record(0, &mut body)? {
+                        Record::Valid { number, end } if expected.is_none_or(|e| e == number) => {
+                            expected = Some(number + 1);
+                            at = next + end;
+                        }
+                        _ => return Ok(Some(physical)),
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// How much of the file [`Wal::find_valid_after`] reads at a time.
+const SCAN_PIECE: usize = 1024 * 1024;
+
+/// How far above the record that failed a later record's number may be
+/// and still be taken for one (a header's number field is 8 bytes: any
+/// bytes at all would otherwise pass as a number above it).
+const PLAUSIBLE_NUMBERS_AHEAD: u64 = 1 << 32;
 
 /// How much of the log [`Wal::rewrite`] reads and writes at a time.
 const REWRITE_PIECE: usize = 1024 * 1024;
@@ -1174,7 +1319,8 @@ mod tests {
             Replayed {
                 last: 5,
                 end: 0,
-                stopped_before: None
+                stopped_before: None,
+                ended_at_damage: None,
             }
         );
     }
@@ -1210,7 +1356,8 @@ mod tests {
             Replayed {
                 last: 4,
                 end: at,
-                stopped_before: None
+                stopped_before: None,
+                ended_at_damage: Some((5, at)),
             }
         );
     }
@@ -1224,6 +1371,7 @@ mod tests {
             last: 5,
             end: 0,
             stopped_before: None,
+            ended_at_damage: None,
         });
         wal.append(&mut record(&[chunk(1, 50, &PAYLOAD)])).unwrap();
         wal.append(&mut record(&[chunk(1, 51, &PAYLOAD)])).unwrap();

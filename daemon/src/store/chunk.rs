@@ -175,7 +175,7 @@ pub(super) struct InLog {
     pub(super) at: u64,
     pub(super) len: u32,
     crc: u32,
-    count: u32,
+    pub(super) count: u32,
 }
 
 /// The bytes of an [`InLog`] value: zero, count, position, length, CRC.

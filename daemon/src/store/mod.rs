@@ -92,7 +92,9 @@ use crate::syncer::Durable;
 use crate::wal::{self, CopyPace, LogReader, Wal};
 use crate::{Error, Result};
 
+pub mod check;
 mod chunk;
+mod overlay;
 mod read;
 mod recovery;
 mod schema;
@@ -101,6 +103,7 @@ mod test_hooks;
 #[cfg(test)]
 mod tests;
 mod txn;
+mod verify;
 
 pub use chunk::{FrameSink, StoredFrame};
 pub use read::{ReadChunk, ReadLimits, Snapshot};
@@ -132,6 +135,26 @@ pub struct Store {
     headroom: Arc<Headroom>,
 }
 
+/// Verifies the log against the store's marks without writing a byte:
+/// redb is opened through an overlay (see [`overlay`]), since after a
+/// crash it recovers the file first, which writes to it.
+fn verify_before_writing(
+    path: &Path,
+    log_path: &Path,
+    log_capacity: u64,
+    opener: &Arc<dyn Opener>,
+) -> Result<()> {
+    let overlay = overlay::OverlayOpener(opener.clone());
+    let probe = open_database(path, &overlay, &Arc::new(Headroom::default()))?;
+    verify::verify_both_there(path, log_path, true)?;
+    let capacity = going_round_with(&probe, path)?.unwrap_or(log_capacity);
+    let log = Wal::open_read(log_path, capacity, opener.as_ref())?;
+    let verified = verify::verify_log(&probe, &log);
+    drop(log);
+    probe.close().map_err(storage)?;
+    verified
+}
+
 /// The least room a write asks to have reserved for the store file to grow
 /// into (see [`Store::make_room`]): the pages a small commit rewrites.
 const MIN_ROOM: u64 = 256 * 1024;
@@ -159,6 +182,14 @@ impl Store {
     /// (tests inject failures there).
     pub fn open_with(path: &Path, log_capacity: u64, opener: Arc<dyn Opener>) -> Result<Store> {
         let existed = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
+        let log_path = path.with_extension("wal");
+        // Damage stops the daemon before anything is written (see
+        // `verify`): first the files, then the log's records.
+        if existed {
+            verify_before_writing(path, &log_path, log_capacity, &opener)?;
+        } else {
+            verify::verify_both_there(path, &log_path, false)?;
+        }
         let headroom = Arc::new(Headroom::default());
         let db = open_database(path, opener.as_ref(), &headroom)?;
         let round = if existed {
@@ -176,7 +207,7 @@ impl Store {
             }
             _ => log_capacity,
         };
-        let mut log = Wal::open(&path.with_extension("wal"), capacity, opener.as_ref())?;
+        let mut log = Wal::open(&log_path, capacity, opener.as_ref())?;
         if !existed {
             // A new store: a log left beside a store file that was removed
             // belongs to that store, not to this one.

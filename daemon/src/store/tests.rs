@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -208,7 +208,9 @@ pub(super) fn where_chunks_are(store: &Store) -> (usize, usize) {
 }
 
 #[test]
-fn a_new_store_does_not_take_the_log_of_a_removed_one() {
+fn a_log_whose_store_file_was_removed_is_damage_and_left_as_it_was() {
+    //! A store file removed beside a log that holds records once made a
+    //! new, empty store and threw the records away without a word.
     let (dir, store) = store();
     let path = dir.path().join("t.redb");
     for through in 1..=3 {
@@ -217,29 +219,23 @@ fn a_new_store_does_not_take_the_log_of_a_removed_one() {
     store.persist().unwrap();
     store.close().unwrap();
     drop(store);
-    // The records stay in the log's file, which was kept for reuse.
     let log = path.with_extension("wal");
-    assert!(std::fs::metadata(&log).unwrap().len() > 0);
+    let before = std::fs::read(&log).unwrap();
     std::fs::remove_file(&path).unwrap();
 
-    let store = Store::open(&path).unwrap();
-    // Emptied, then prepared: zeros where the old records were.
-    let mut start = vec![1u8; 4096];
-    std::fs::File::open(&log)
-        .unwrap()
-        .read_exact(&mut start)
-        .unwrap();
-    assert!(start.iter().all(|&b| b == 0), "old records in the log");
-    log_ack(&store, 9);
-    // Had the old records stayed, the removed store's second and third
-    // (numbered 2 and 3, the same size) would follow the new first.
-    let crashed = tempfile::tempdir().unwrap();
-    let copy = crash_copy(&path, crashed.path(), true);
-    let reopened = Store::open(&copy).unwrap();
-    assert_eq!(
-        reopened.load().unwrap().consumers,
-        vec![(7, "c".to_owned(), 9)]
+    let err = Store::open(&path).unwrap_err();
+    assert!(err.is_damage(), "{err:?}");
+    assert!(
+        err.to_string().starts_with(&format!(
+            "the store is damaged: {}: the store file is missing (or empty) while the log {} \
+             holds records",
+            path.display(),
+            log.display()
+        )),
+        "{err}"
     );
+    assert_eq!(std::fs::read(&log).unwrap(), before, "the log was changed");
+    assert!(!path.exists(), "a store file was made");
 }
 
 #[test]

@@ -1,0 +1,183 @@
+//! `tetherd check`: verifies a stopped daemon's store without changing a
+//! byte of it. Everything start-up verifies (see [`super::verify`]), and
+//! then every stored frame: each stream's chunks decode, follow one
+//! another with no seq missing between the stream's first and last, and
+//! chunks the log keeps pass their checksums.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{ReadableDatabase, ReadableTable};
+
+use super::chunk::{chunk_bytes, ChunkIter, InLog};
+use super::overlay::OverlayOpener;
+use super::recovery::open_database;
+use super::schema::{StreamMeta, CHUNKS, STREAMS};
+use super::verify::{read_marks, verify_both_there, verify_log};
+use crate::error::Damage;
+use crate::lock::StateLock;
+use crate::store_io::{Headroom, OsOpener};
+use crate::wal::{self, Wal};
+use crate::{Error, Result};
+
+/// Checks the store in `state_dir`: a one-line summary when it is whole,
+/// [`Error::Damaged`] naming every damaged place otherwise.
+pub fn run(state_dir: &Path) -> Result<String> {
+    let store = state_dir.join("tether.redb");
+    let log_path = store.with_extension("wal");
+    if !state_dir.is_dir() {
+        return Err(Error::Config(format!(
+            "no state directory {}",
+            state_dir.display()
+        )));
+    }
+    // Held while checking, so that no daemon starts on the files meanwhile;
+    // a daemon that runs already is named.
+    let _lock = StateLock::acquire(state_dir).map_err(|e| match e {
+        Error::AlreadyRunning { dir, holder } => Error::InvalidRequest(format!(
+            "{holder} runs on {}: stop it to check the store's files",
+            dir.display()
+        )),
+        e => e,
+    })?;
+    let has_data = std::fs::metadata(&store).is_ok_and(|m| m.len() > 0);
+    if !has_data {
+        verify_both_there(&store, &log_path, false)?;
+        return Ok(format!(
+            "ok: {} holds no store yet (0 streams, 0 frames, 0 bytes)",
+            state_dir.display()
+        ));
+    }
+    let db = open_under_overlay(&store)?;
+    verify_both_there(&store, &log_path, true)?;
+    let marks = read_marks(&db)?;
+    let capacity = marks.capacity.unwrap_or(wal::DEFAULT_CAPACITY);
+    let log = Wal::open_read(&log_path, capacity, &OsOpener)?;
+    verify_log(&db, &log)?;
+    let totals = verify_frames(&db, &log)?;
+    Ok(format!(
+        "ok: {} streams, {} frames, {} bytes",
+        totals.streams, totals.frames, totals.bytes
+    ))
+}
+
+/// Opens the store file without writing to it: through an overlay, so
+/// that redb may recover a file its last run did not close (which writes)
+/// in memory only.
+fn open_under_overlay(store: &Path) -> Result<redb::Database> {
+    let overlay = OverlayOpener(Arc::new(OsOpener));
+    open_database(store, &overlay, &Arc::new(Headroom::default()))
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    streams: u64,
+    frames: u64,
+    bytes: u64,
+}
+
+/// Reads every chunk of every stream; damage found is returned at once,
+/// naming the stream and seq.
+fn verify_frames(db: &impl ReadableDatabase, log: &Wal) -> Result<Totals> {
+    let txn = db.begin_read().map_err(super::storage)?;
+    let streams = txn.open_table(STREAMS).map_err(super::storage)?;
+    let chunks = txn.open_table(CHUNKS).map_err(super::storage)?;
+    let reader = log.reader();
+    let store_file = PathBuf::from(log.path()).with_extension("redb");
+    let mut totals = Totals::default();
+    let mut kept = Vec::new();
+    for item in streams.iter().map_err(super::storage)? {
+        let (name, meta) = item.map_err(super::storage)?;
+        let name = name.value().to_owned();
+        let meta: StreamMeta = postcard::from_bytes(meta.value()).map_err(|e| {
+            damaged(
+                &store_file,
+                format!("the metadata of stream {name:?} does not decode: {e}"),
+                "the whole stream".into(),
+            )
+        })?;
+        totals.streams += 1;
+        let mut next = meta.first_seq;
+        let range = chunks
+            .range((meta.id, 0)..=(meta.id, u64::MAX))
+            .map_err(super::storage)?;
+        for chunk in range {
+            let (key, value) = chunk.map_err(super::storage)?;
+            let first = key.value().1;
+            let value = value.value();
+            let in_log = InLog::parse(value).map(|r| (r.at, r.len));
+            let bytes = match chunk_bytes(value, &reader, &mut kept, &name, first) {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => continue,
+                Err(e) => {
+                    let file = if in_log.is_some() {
+                        log.path()
+                    } else {
+                        &store_file
+                    };
+                    return Err(damaged(
+                        file,
+                        e.to_string(),
+                        format!("stream {name:?} seqs from {first}"),
+                    ));
+                }
+            };
+            let iter = ChunkIter::new(first, bytes).map_err(|e| {
+                damaged(
+                    &store_file,
+                    format!("chunk {first} of stream {name:?} does not decode: {e}"),
+                    format!("stream {name:?} seqs from {first}"),
+                )
+            })?;
+            for frame in iter {
+                let frame = frame.map_err(|e| {
+                    damaged(
+                        &store_file,
+                        format!("a frame of chunk {first} of stream {name:?} does not decode: {e}"),
+                        format!("stream {name:?} seqs from {first}"),
+                    )
+                })?;
+                // A chunk cut by compaction may start before the first
+                // seq kept; frames below it are not the stream's any more.
+                if frame.seq < meta.first_seq {
+                    continue;
+                }
+                if frame.seq != next {
+                    return Err(damaged(
+                        &store_file,
+                        format!(
+                            "stream {name:?} goes from seq {} to seq {}",
+                            next.saturating_sub(1),
+                            frame.seq
+                        ),
+                        format!("stream {name:?} seqs {next}..={}", frame.seq - 1),
+                    ));
+                }
+                next += 1;
+                totals.frames += 1;
+                totals.bytes += frame.payload.len() as u64;
+            }
+        }
+        if next != meta.last_seq + 1 {
+            return Err(damaged(
+                &store_file,
+                format!(
+                    "stream {name:?} ends at seq {}, but its metadata says {}",
+                    next.saturating_sub(1),
+                    meta.last_seq
+                ),
+                format!("stream {name:?} seqs {next}..={}", meta.last_seq),
+            ));
+        }
+    }
+    Ok(totals)
+}
+
+fn damaged(file: &Path, what: String, affected: String) -> Error {
+    Error::Damaged(Box::new(Damage {
+        file: file.to_path_buf(),
+        offset: None,
+        what,
+        affected,
+    }))
+}
