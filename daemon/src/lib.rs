@@ -37,7 +37,6 @@ pub mod error;
 pub mod hub;
 pub mod ingest;
 pub mod lock;
-pub mod log_header;
 pub mod notify;
 pub mod queue;
 pub mod server;
