@@ -465,6 +465,10 @@ impl Session {
                 let status = self.status();
                 self.send_all(vec![Response::Status(status)]).await
             }
+            Request::Verify => {
+                let summary = self.shared.queue.verify().await?;
+                self.send_all(vec![Response::Verified(summary)]).await
+            }
             Request::Storage => {
                 let degraded = self.shared.queue.storage_fault().map(|fault| StorageFault {
                     cause: fault.cause,

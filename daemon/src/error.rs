@@ -19,6 +19,11 @@ pub enum Error {
     #[error("{0}")]
     Damaged(Box<Damage>),
 
+    /// A running daemon found its store damaged when asked to verify it
+    /// (`tetherd check` beside a daemon); its words.
+    #[error("{0}")]
+    DamageReported(String),
+
     /// Another daemon holds the state directory's lock.
     #[error("state directory {dir} is in use by {holder}")]
     AlreadyRunning { dir: PathBuf, holder: String },
@@ -88,7 +93,10 @@ impl Error {
     /// Whether this is damage to the store (exit 65), rather than a
     /// failure to reach or use it.
     pub fn is_damage(&self) -> bool {
-        matches!(self, Error::Damaged(_) | Error::CorruptStore { .. })
+        matches!(
+            self,
+            Error::Damaged(_) | Error::CorruptStore { .. } | Error::DamageReported(_)
+        )
     }
 
     /// The wire error code a client sees for this error. The one place where
@@ -99,6 +107,7 @@ impl Error {
             Error::Storage(_)
             | Error::CorruptStore { .. }
             | Error::Damaged(_)
+            | Error::DamageReported(_)
             | Error::Io { .. } => ErrorCode::STORAGE,
             Error::StreamNotFound(_) | Error::ExecutionNotFound(_) => ErrorCode::NOT_FOUND,
             Error::IllegalTransition { .. } => ErrorCode::INTERNAL,

@@ -24,12 +24,12 @@ struct Args {
     /// Socket to listen on [default: $TETHER_SOCKET, $RUNTIME_DIRECTORY/tether.sock,
     /// /run/tether/tether.sock for root, $XDG_RUNTIME_DIR/tether/tether.sock,
     /// /tmp/tether-$UID/tether.sock]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", global = true)]
     socket: Option<PathBuf>,
 
     /// Directory of the store and the instance lock [default: $TETHER_STATE_DIR,
     /// $STATE_DIRECTORY, /var/lib/tether for root, $XDG_STATE_HOME/tether]
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", global = true)]
     state_dir: Option<PathBuf>,
 
     /// Config file [default: tetherd.toml in $CONFIGURATION_DIRECTORY,
@@ -80,12 +80,10 @@ struct Args {
 #[derive(Clone, Debug, Subcommand)]
 enum Command {
     /// Verify the store without changing a byte: exit 0 with a summary
-    /// when it is whole, 65 listing every damaged place otherwise.
-    Check {
-        /// The state directory [default: as for the daemon]
-        #[arg(long, value_name = "DIR")]
-        state_dir: Option<PathBuf>,
-    },
+    /// when it is whole, 65 naming the damage found otherwise.
+    /// Beside a running daemon (it holds the state directory), asks that
+    /// daemon over its socket (`--socket`) to read every frame instead.
+    Check,
 }
 
 /// `tetherd` and `tetherd check` exit with this when the store is damaged
@@ -100,9 +98,7 @@ fn main() -> ExitCode {
     let listen_env = tetherd::activation::ListenEnv::take_from_process();
     let notify_env = tetherd::notify::NotifyEnv::take_from_process();
     let result = match args.command.clone() {
-        Some(Command::Check { state_dir }) => state_dir_of(&args, state_dir)
-            .and_then(|dir| tetherd::store::check::run(&dir))
-            .map(|summary| println!("{summary}")),
+        Some(Command::Check) => check(&args),
         None => start(args, &listen_env, &notify_env),
     };
     match result {
@@ -119,14 +115,78 @@ fn main() -> ExitCode {
     }
 }
 
-/// The state directory `check` and `repair` work on: their own flag, the
-/// daemon's, or the default.
-fn state_dir_of(args: &Args, own: Option<PathBuf>) -> tetherd::Result<PathBuf> {
-    let args = Args {
-        state_dir: own.or_else(|| args.state_dir.clone()),
-        ..args.clone()
+/// `tetherd check`: reads the files of a stopped daemon's store; beside a
+/// running daemon (it holds the state directory's lock), asks that daemon
+/// to verify its store over its socket instead.
+fn check(args: &Args) -> tetherd::Result<()> {
+    let config = config_from(args.clone())?;
+    let summary = match tetherd::store::check::run(&config.state_dir) {
+        Err(tetherd::Error::AlreadyRunning { .. }) => ask_daemon_to_verify(&config.socket)?,
+        other => other?,
     };
-    config_from(args).map(|config| config.state_dir)
+    println!("{summary}");
+    Ok(())
+}
+
+/// Asks the daemon on `socket` to verify its store: Hello, then Verify, on
+/// a blocking connection (the check runs no runtime of its own).
+fn ask_daemon_to_verify(socket: &std::path::Path) -> tetherd::Result<String> {
+    use std::io::{Read, Write};
+    use tether_protocol::codec::{decode_wire_message, encode_frame};
+    use tether_protocol::{Capabilities, ErrorCode, Hello, Request, Response};
+
+    let failed = |what: &str, e: std::io::Error| {
+        tetherd::Error::io(format!("{what} the daemon on {}", socket.display()), e)
+    };
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)
+        .map_err(|e| failed("a daemon holds the state directory, but cannot reach", e))?;
+    let hello = Request::Hello(Hello {
+        version: tether_protocol::PROTOCOL_VERSION,
+        capabilities: Capabilities::NONE,
+        client: format!("tetherd {} check", env!("CARGO_PKG_VERSION")),
+    });
+    for request in [hello, Request::Verify] {
+        let frame = encode_frame(&request)?;
+        stream
+            .write_all(&frame)
+            .map_err(|e| failed("cannot write to", e))?;
+    }
+    loop {
+        let mut len = [0u8; 4];
+        stream
+            .read_exact(&mut len)
+            .map_err(|e| failed("no answer from", e))?;
+        let len = u32::from_be_bytes(len) as usize;
+        if len > tether_protocol::DEFAULT_MAX_FRAME_LEN {
+            return Err(tetherd::Error::InvalidRequest(format!(
+                "the daemon on {} announced an answer of {len} bytes",
+                socket.display()
+            )));
+        }
+        let mut body = vec![0u8; len];
+        stream
+            .read_exact(&mut body)
+            .map_err(|e| failed("no whole answer from", e))?;
+        match decode_wire_message::<Response>(&body)? {
+            Response::HelloOk(_) => {}
+            Response::Verified(summary) => return Ok(summary),
+            Response::Error(e) if e.code == ErrorCode::STORAGE => {
+                return Err(tetherd::Error::DamageReported(e.message))
+            }
+            Response::Error(e) => {
+                return Err(tetherd::Error::InvalidRequest(format!(
+                    "the daemon refused to verify its store: {} ({})",
+                    e.message, e.code
+                )))
+            }
+            other => {
+                return Err(tetherd::Error::InvalidRequest(format!(
+                    "the daemon answered {} to Verify",
+                    other.name()
+                )))
+            }
+        }
+    }
 }
 
 fn start(

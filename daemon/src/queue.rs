@@ -476,6 +476,11 @@ impl Queue {
     }
 
     /// Size of the store file on disk.
+    /// Reads every stored frame and checks it (see [`Store::verify`]).
+    pub async fn verify(&self) -> Result<String> {
+        self.read(|store| store.verify()).await
+    }
+
     /// The fault the store is degraded by, if writes are refused now.
     pub fn storage_fault(&self) -> Option<Fault> {
         self.inner.health.fault()

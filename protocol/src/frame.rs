@@ -146,6 +146,10 @@ pub enum Request {
     /// message of its own: a daemon that predates it refuses it as an
     /// unknown request, and the client shows the status without it.)
     Storage,
+    /// Ask the daemon to read every stored frame and check it, as
+    /// `tetherd check` does with the daemon stopped. Answered with
+    /// [`Response::Verified`], or `Error` STORAGE naming the damage.
+    Verify,
 }
 
 /// A top-level message of the protocol: an enum whose variant index is the
@@ -161,12 +165,12 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 18;
+    const KINDS: u32 = 19;
 }
 
 impl Message for Response {
     const NAME: &'static str = "response";
-    const KINDS: u32 = 22;
+    const KINDS: u32 = 23;
 }
 
 impl Request {
@@ -195,6 +199,7 @@ impl Request {
             Request::StepGet { .. } => "StepGet",
             Request::StepPut { .. } => "StepPut",
             Request::Storage => "Storage",
+            Request::Verify => "Verify",
         }
     }
 }
@@ -376,6 +381,9 @@ pub enum Response {
     StepRecorded(Bytes),
     /// Answer to [`Request::Storage`].
     Storage(StorageState),
+    /// Answer to [`Request::Verify`]: the store is whole; a one-line
+    /// summary (streams, frames, bytes).
+    Verified(String),
 }
 
 impl Response {
@@ -409,6 +417,7 @@ impl Response {
             Response::StepResult(_) => "StepResult",
             Response::StepRecorded(_) => "StepRecorded",
             Response::Storage(_) => "Storage",
+            Response::Verified(_) => "Verified",
         }
     }
 }

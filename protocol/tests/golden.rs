@@ -183,6 +183,7 @@ fn request_fixtures() -> Vec<(Request, &'static str)> {
             "00000008 1002653101730137",
         ),
         (Request::Storage, "00000001 11"),
+        (Request::Verify, "00000001 12"),
     ]
 }
 
@@ -388,6 +389,7 @@ fn response_fixtures() -> Vec<(Response, &'static str)> {
             Response::Storage(StorageState { degraded: None }),
             "00000002 1500",
         ),
+        (Response::Verified("ok".into()), "00000004 16026f6b"),
     ]
 }
 
@@ -414,10 +416,11 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::StepGet { .. } => "StepGet",
         Request::StepPut { .. } => "StepPut",
         Request::Storage => "Storage",
+        Request::Verify => "Verify",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 18] = [
+const ALL_REQUEST_VARIANTS: [&str; 19] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -436,6 +439,7 @@ const ALL_REQUEST_VARIANTS: [&str; 18] = [
     "StepGet",
     "StepPut",
     "Storage",
+    "Verify",
 ];
 
 /// See [`request_variant`].
@@ -463,10 +467,11 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::StepResult(_) => "StepResult",
         Response::StepRecorded(_) => "StepRecorded",
         Response::Storage(_) => "Storage",
+        Response::Verified(_) => "Verified",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 22] = [
+const ALL_RESPONSE_VARIANTS: [&str; 23] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -489,6 +494,7 @@ const ALL_RESPONSE_VARIANTS: [&str; 22] = [
     "StepResult",
     "StepRecorded",
     "Storage",
+    "Verified",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {

@@ -4,7 +4,7 @@
 //! another with no seq missing between the stream's first and last, and
 //! chunks the log keeps pass their checksums.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use redb::{ReadableDatabase, ReadableTable};
@@ -17,7 +17,7 @@ use super::verify::{read_marks, verify_both_there, verify_log};
 use crate::error::Damage;
 use crate::lock::StateLock;
 use crate::store_io::{Headroom, OsOpener};
-use crate::wal::{self, Wal};
+use crate::wal::{self, LogReader, Wal};
 use crate::{Error, Result};
 
 /// Checks the store in `state_dir`: a one-line summary when it is whole,
@@ -31,15 +31,10 @@ pub fn run(state_dir: &Path) -> Result<String> {
             state_dir.display()
         )));
     }
-    // Held while checking, so that no daemon starts on the files meanwhile;
-    // a daemon that runs already is named.
-    let _lock = StateLock::acquire(state_dir).map_err(|e| match e {
-        Error::AlreadyRunning { dir, holder } => Error::InvalidRequest(format!(
-            "{holder} runs on {}: stop it to check the store's files",
-            dir.display()
-        )),
-        e => e,
-    })?;
+    // Held while checking, so that no daemon starts on the files meanwhile.
+    // A daemon that runs already is [`Error::AlreadyRunning`]: the caller
+    // asks that daemon instead (see `tetherd check`).
+    let _lock = StateLock::acquire(state_dir)?;
     let has_data = std::fs::metadata(&store).is_ok_and(|m| m.len() > 0);
     if !has_data {
         verify_both_there(&store, &log_path, false)?;
@@ -54,11 +49,7 @@ pub fn run(state_dir: &Path) -> Result<String> {
     let capacity = marks.capacity.unwrap_or(wal::DEFAULT_CAPACITY);
     let log = Wal::open_read(&log_path, capacity, &OsOpener)?;
     verify_log(&db, &log)?;
-    let totals = verify_frames(&db, &log)?;
-    Ok(format!(
-        "ok: {} streams, {} frames, {} bytes",
-        totals.streams, totals.frames, totals.bytes
-    ))
+    verify_frames(&db, &log.reader(), &store)
 }
 
 /// Opens the store file without writing to it: through an overlay, so
@@ -76,14 +67,19 @@ struct Totals {
     bytes: u64,
 }
 
-/// Reads every chunk of every stream; damage found is returned at once,
-/// naming the stream and seq.
-fn verify_frames(db: &impl ReadableDatabase, log: &Wal) -> Result<Totals> {
+/// Reads every chunk of every stream (those the log keeps through
+/// `reader`) in one snapshot of the store file `store_file`: the summary
+/// line when all is whole, or the first damage found, naming the stream
+/// and seq.
+pub(super) fn verify_frames(
+    db: &impl ReadableDatabase,
+    reader: &LogReader,
+    store_file: &Path,
+) -> Result<String> {
     let txn = db.begin_read().map_err(super::storage)?;
     let streams = txn.open_table(STREAMS).map_err(super::storage)?;
     let chunks = txn.open_table(CHUNKS).map_err(super::storage)?;
-    let reader = log.reader();
-    let store_file = PathBuf::from(log.path()).with_extension("redb");
+    let store_file = store_file.to_path_buf();
     let mut totals = Totals::default();
     let mut kept = Vec::new();
     for item in streams.iter().map_err(super::storage)? {
@@ -106,12 +102,12 @@ fn verify_frames(db: &impl ReadableDatabase, log: &Wal) -> Result<Totals> {
             let first = key.value().1;
             let value = value.value();
             let in_log = InLog::parse(value).map(|r| (r.at, r.len));
-            let bytes = match chunk_bytes(value, &reader, &mut kept, &name, first) {
+            let bytes = match chunk_bytes(value, reader, &mut kept, &name, first) {
                 Ok(Some(bytes)) => bytes,
                 Ok(None) => continue,
                 Err(e) => {
                     let file = if in_log.is_some() {
-                        log.path()
+                        reader.path()
                     } else {
                         &store_file
                     };
@@ -170,7 +166,10 @@ fn verify_frames(db: &impl ReadableDatabase, log: &Wal) -> Result<Totals> {
             ));
         }
     }
-    Ok(totals)
+    Ok(format!(
+        "ok: {} streams, {} frames, {} bytes",
+        totals.streams, totals.frames, totals.bytes
+    ))
 }
 
 fn damaged(file: &Path, what: String, affected: String) -> Error {

@@ -334,6 +334,14 @@ impl Store {
         })
     }
 
+    /// Reads every stored frame and checks it, as `tetherd check` does
+    /// with the daemon stopped: the summary line, or the damage found.
+    /// One read snapshot; the log's own records are checked at start.
+    pub fn verify(&self) -> Result<String> {
+        let guard = self.handle()?;
+        check::verify_frames(guard_db(&guard)?, &self.log, &self.path)
+    }
+
     /// What is reserved beyond the store file's end for redb to grow into,
     /// so that a write can be refused before redb meets a full disk (see
     /// [`Headroom`]).
