@@ -14,6 +14,8 @@
 //!   creates the extra local users of the access tests.
 //! * [`raw`] is a minimal protocol client over a blocking `UnixStream`, for
 //!   sending bad input and for peeking at stream state.
+//! * [`damage`] parses the write-ahead log, damages store files on purpose
+//!   and proves afterwards that nothing changed a byte of them.
 //! * [`fault`] mounts a small tmpfs to fill up, for the disk-full tests.
 //! * [`fiu`] makes system calls of a running daemon fail on demand
 //!   (libfiu), for the failing-device tests.
@@ -35,6 +37,7 @@
 pub mod bins;
 pub mod cli;
 pub mod daemon;
+pub mod damage;
 pub mod fault;
 pub mod fiu;
 pub mod mem;

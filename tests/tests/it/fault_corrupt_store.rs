@@ -1,12 +1,14 @@
 //! Guarantee 7, a corrupt store: a redb file with flipped bytes makes the
-//! daemon refuse to start, naming the file, exiting non-zero and leaving
-//! the file as it was; and a `kill -9` in the middle of heavy commits is
-//! repaired by the next start with every acknowledged frame kept.
+//! daemon refuse to start as damaged (exit 65), naming the file and
+//! leaving every file of the state directory as it was; and a `kill -9`
+//! in the middle of heavy commits is repaired by the next start with
+//! every acknowledged frame kept.
 
 use std::time::Duration;
 
 use tether_tests::cli;
 use tether_tests::daemon;
+use tether_tests::damage::StateSnapshot;
 use tether_tests::raw;
 use tether_tests::text::lines;
 use tether_tests::Sandbox;
@@ -25,21 +27,26 @@ fn a_store_with_flipped_bytes_is_refused_by_name_and_left_untouched() {
         bytes[i] ^= 0x5a;
     }
     std::fs::write(&store, &bytes).unwrap();
-    let before = std::fs::read(&store).unwrap();
+    let before = StateSnapshot::take(&sb.state_dir());
 
     let mut cmd = daemon::command(&sb.socket(), &sb.state_dir());
     cmd.env_remove("TETHER_SOCKET");
     let out = cli::run(cmd, b"", Duration::from_secs(60));
-    assert_ne!(out.code, Some(0), "tetherd started on a corrupt store");
-    assert!(out.code.is_some(), "tetherd died of a signal: {out:?}");
+    assert_eq!(
+        out.code,
+        Some(65),
+        "tetherd should refuse a corrupt store as damaged (exit 65): {out:?}"
+    );
     assert!(
-        out.stderr.contains(&store.display().to_string()),
+        out.stderr.contains(&format!(
+            "store {} is corrupt or unreadable",
+            store.display()
+        )),
         "the refusal should name {}:\n{}",
         store.display(),
         out.stderr
     );
-    let after = std::fs::read(&store).unwrap();
-    assert!(before == after, "the daemon modified the corrupt store");
+    before.assert_unchanged("tetherd refusing the corrupt store");
 }
 
 #[test]

@@ -17,6 +17,7 @@ mod crash_resume;
 mod exit_codes;
 mod fault_clients;
 mod fault_corrupt_store;
+mod fault_damage;
 mod fault_degraded;
 mod fault_disk_full;
 mod fault_soak;
