@@ -1,9 +1,11 @@
 //! The store under a failing disk: a full disk, an I/O error or a torn
 //! write at one exact operation, injected under its files with
-//! `store_io::FaultyOpener` (feature `test-hooks`).
+//! `store_io::FaultyOpener` (feature `test-hooks`); and a store damaged
+//! while closed, which opening refuses without writing a byte, but for a
+//! torn tail.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -270,4 +272,242 @@ fn a_torn_write_at_any_point_of_a_commit_keeps_the_store_whole() {
         IoOp::Write => plan.tear_nth_write(Files::Any, k),
         _ => plan.fail_nth(Files::Any, op, k, libc::EIO),
     });
+}
+
+// Damage is never silent: a store damaged while it was closed is refused
+// at opening, with both files left as they were; a torn tail is not
+// damage.
+
+/// A record of the log: (its byte in the file, its number, its body's
+/// length). Read from byte 0 while each passes its check and follows the
+/// one before (see `tetherd::wal`, "Records").
+fn log_records(log: &Path) -> Vec<(u64, u64, u64)> {
+    let data = std::fs::read(log).unwrap();
+    let mut records: Vec<(u64, u64, u64)> = Vec::new();
+    let mut at = 0usize;
+    while at + 16 <= data.len() {
+        let body_len = u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+        let crc = u32::from_le_bytes(data[at + 4..at + 8].try_into().unwrap());
+        let number = u64::from_le_bytes(data[at + 8..at + 16].try_into().unwrap());
+        let end = at + 16 + body_len;
+        if body_len == 0 || end > data.len() || crc32fast::hash(&data[at + 8..end]) != crc {
+            break;
+        }
+        if records.last().is_some_and(|(_, n, _)| n + 1 != number) {
+            break;
+        }
+        records.push((at as u64, number, body_len as u64));
+        at = end;
+    }
+    records
+}
+
+/// The files of a store as a crash left them: frames 1 to 30 from three
+/// logged commits the store then persisted (their chunks stay in the log,
+/// which goes round), and 31 to 60 from three more that only the log
+/// holds. Returns the store file's path in a copy taken while the store
+/// was open, as `kill -9` would leave it.
+fn crashed_store(dir: &Path) -> PathBuf {
+    let live = dir.join("live");
+    let crash = dir.join("crash");
+    std::fs::create_dir(&live).unwrap();
+    std::fs::create_dir(&crash).unwrap();
+    let plan = FaultPlan::new();
+    let store = open(&live.join("tether.redb"), &plan).unwrap();
+    let mut meta = StreamMeta::new(STREAM_ID, 0);
+    for through in [10, 20, 30] {
+        append_through(&store, &mut meta, through).unwrap();
+    }
+    store.persist().unwrap();
+    for through in [40, 50, 60] {
+        append_through(&store, &mut meta, through).unwrap();
+    }
+    for name in ["tether.redb", "tether.wal"] {
+        std::fs::copy(live.join(name), crash.join(name)).unwrap();
+    }
+    drop(store);
+    let path = crash.join("tether.redb");
+    assert_eq!(
+        log_records(&path.with_extension("wal")).len(),
+        6,
+        "one record per logged commit"
+    );
+    path
+}
+
+/// Both files' bytes (`None`: the file does not exist).
+fn files_of(path: &Path) -> [Option<Vec<u8>>; 2] {
+    [path.to_path_buf(), path.with_extension("wal")].map(|p| std::fs::read(p).ok())
+}
+
+fn flip(path: &Path, at: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at as usize] ^= 0x5a;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Opens the damaged store at `path`: the error is damage, and neither
+/// file changed, nor was anything written, synced, cut or grown.
+fn refused(path: &Path) -> Error {
+    let before = files_of(path);
+    let plan = FaultPlan::new();
+    let err = match open(path, &plan) {
+        Ok(_) => panic!("a damaged store was opened"),
+        Err(e) => e,
+    };
+    assert!(err.is_damage(), "not damage: {err:?}");
+    for op in [IoOp::Write, IoOp::Sync, IoOp::SetLen, IoOp::Allocate] {
+        assert_eq!(plan.count(&Files::Any, op), 0, "{op:?} on a damaged store");
+    }
+    assert!(
+        files_of(path) == before,
+        "opening changed the damaged files"
+    );
+    err
+}
+
+/// The damage `err` names.
+fn damage(err: Error) -> tetherd::error::Damage {
+    match err {
+        Error::Damaged(damage) => *damage,
+        other => panic!("expected Error::Damaged, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_record_failing_before_a_valid_one_in_the_replay_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = crashed_store(dir.path());
+    let log = path.with_extension("wal");
+    // The first of the commits only the log holds.
+    let (at, number, len) = log_records(&log)[3];
+    flip(&log, at + 16 + len / 2);
+    let damage = damage(refused(&path));
+    assert_eq!((damage.file, damage.offset), (log, Some(at)));
+    assert!(
+        damage.what.starts_with(&format!(
+            "record {number} fails its check, and the record after it passes"
+        )),
+        "{}",
+        damage.what
+    );
+}
+
+#[test]
+fn a_record_whose_chunks_the_store_reads_from_the_log_failing_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = crashed_store(dir.path());
+    let log = path.with_extension("wal");
+    // Persisted: the store holds where its chunk is in the log.
+    let (at, _, len) = log_records(&log)[1];
+    flip(&log, at + 16 + len / 2);
+    let damage = damage(refused(&path));
+    assert_eq!((damage.file, damage.offset), (log, Some(at)));
+    assert_eq!(
+        damage.what,
+        "a record whose chunks the store reads from the log fails its check"
+    );
+    assert_eq!(damage.affected, format!("stream {NAME:?} seqs 11..=20"));
+}
+
+#[test]
+fn the_first_records_length_damaged_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = crashed_store(dir.path());
+    let log = path.with_extension("wal");
+    assert_eq!(log_records(&log)[0].0, 0);
+    flip(&log, 2);
+    let damage = damage(refused(&path));
+    assert_eq!((damage.file, damage.offset), (log, Some(0)));
+}
+
+#[test]
+fn a_log_cut_to_nothing_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = crashed_store(dir.path());
+    let log = path.with_extension("wal");
+    std::fs::File::options()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let damage = damage(refused(&path));
+    assert_eq!((damage.file, damage.offset), (log, Some(0)));
+    assert!(damage.what.contains("cut short"), "{}", damage.what);
+}
+
+#[test]
+fn a_missing_log_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = crashed_store(dir.path());
+    let log = path.with_extension("wal");
+    std::fs::remove_file(&log).unwrap();
+    let damage = damage(refused(&path));
+    assert_eq!(damage.file, log);
+    assert!(damage.what.contains("missing"), "{}", damage.what);
+}
+
+#[test]
+fn a_missing_store_file_beside_a_log_with_records_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = crashed_store(dir.path());
+    std::fs::remove_file(&path).unwrap();
+    let damage = damage(refused(&path));
+    assert_eq!(damage.file, path);
+    assert!(damage.what.contains("missing"), "{}", damage.what);
+}
+
+#[test]
+fn a_store_file_with_damaged_pages_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = crashed_store(dir.path());
+    let len = std::fs::metadata(&path).unwrap().len();
+    for at in (0..len).step_by(64 * 1024) {
+        flip(&path, at);
+    }
+    match refused(&path) {
+        Error::CorruptStore { path: named, .. } => assert_eq!(named, path),
+        other => panic!("expected Error::CorruptStore, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_store_file_cut_short_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = crashed_store(dir.path());
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    match refused(&path) {
+        Error::CorruptStore { path: named, .. } => assert_eq!(named, path),
+        other => panic!("expected Error::CorruptStore, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_torn_tail_is_dropped_and_every_commit_before_it_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = crashed_store(dir.path());
+    let log = path.with_extension("wal");
+    let (at, _, len) = *log_records(&log).last().unwrap();
+    // The second half of the last commit's record never reached the disk.
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes[(at + 16 + len / 2) as usize..(at + 16 + len) as usize].fill(0);
+    std::fs::write(&log, bytes).unwrap();
+    let plan = FaultPlan::new();
+    let store = open(&path, &plan).unwrap();
+    assert_eq!(read_all(&store).unwrap(), seqs(50));
+    let mut meta = StreamMeta::new(STREAM_ID, 0);
+    meta.last_seq = 50;
+    meta.frames = 50;
+    append_through(&store, &mut meta, 70).unwrap();
+    assert_eq!(read_all(&store).unwrap(), seqs(70));
+    store.close().unwrap();
+    drop(store);
+    assert_eq!(read_all(&open(&path, &plan).unwrap()).unwrap(), seqs(70));
 }
