@@ -155,8 +155,7 @@ impl std::fmt::Display for Damage {
         }
         write!(
             f,
-            ": {}; affected: {}. Nothing was changed; `tetherd repair` keeps what \
-             verifies and records what was lost",
+            ": {}; affected: {}. Nothing was changed",
             self.what, self.affected
         )
     }

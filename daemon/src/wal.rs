@@ -1083,9 +1083,22 @@ impl Wal {
                 if !self.read_exact_at(&mut piece[..len], at)? {
                     break;
                 }
-                let last_start = len.saturating_sub(HEADER_LEN);
-                for i in 0..=last_start.min(SCAN_PIECE - 1) {
+                let last_start = len.saturating_sub(HEADER_LEN).min(SCAN_PIECE - 1);
+                let mut i = 0;
+                while i <= last_start {
                     let header = &piece[i..i + HEADER_LEN];
+                    if header[..4] == [0; 4] {
+                        // A record's length is not 0, so one of its first
+                        // four bytes is not either: skip zeros (a log
+                        // filled ahead is mostly zeros) to three bytes
+                        // before the next byte that is not.
+                        let next = piece[i..=last_start + 3]
+                            .iter()
+                            .position(|&b| b != 0)
+                            .map_or(last_start + 1, |n| i + n.saturating_sub(3).max(1));
+                        i = next;
+                        continue;
+                    }
                     let body_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
                     let mut number = [0u8; 8];
                     number.copy_from_slice(&header[8..16]);
@@ -1102,6 +1115,7 @@ impl Wal {
                             return Ok(Some((number, candidate)));
                         }
                     }
+                    i += 1;
                 }
                 at += SCAN_PIECE as u64;
             }
