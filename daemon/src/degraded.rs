@@ -48,15 +48,19 @@ pub struct Fault {
 
 impl Fault {
     /// The fault a failed write reports, or `None` for a failure that is
-    /// not the store's (the daemon shutting down, a refused request).
+    /// not the store's (the daemon shutting down, a refused request). A
+    /// failing device's cause is its error's own words (`I/O error on
+    /// FILE: ...`, as the store and the log word theirs), without the
+    /// `storage error: ` that the refusal adds (see [`Fault::refusal`]).
     pub fn of(e: &Error) -> Option<Fault> {
-        let full = match e {
-            Error::DiskFull { .. } => true,
-            Error::Storage(_) | Error::Io { .. } => false,
+        let (cause, full) = match e {
+            Error::DiskFull { .. } => (e.to_string(), true),
+            Error::Storage(detail) => (detail.clone(), false),
+            Error::Io { .. } => (e.to_string(), false),
             _ => return None,
         };
         Some(Fault {
-            cause: e.to_string(),
+            cause,
             full,
             since: SystemTime::now(),
         })
@@ -269,5 +273,14 @@ mod tests {
         let io = io.refusal();
         assert_eq!(io.code(), tether_protocol::ErrorCode::STORAGE);
         assert_eq!(Fault::of(&Error::ShuttingDown), None);
+        // A storage error's cause is its own words, not nested in the
+        // `storage error: ` its refusal adds.
+        let failed = Error::Storage("I/O error on /s/tether.redb: Input/output error".into());
+        let io = Fault::of(&failed).unwrap();
+        assert_eq!(io.cause, "I/O error on /s/tether.redb: Input/output error");
+        assert_eq!(
+            io.refusal().to_string(),
+            "storage error: I/O error on /s/tether.redb: Input/output error"
+        );
     }
 }

@@ -1219,11 +1219,11 @@ impl Writer {
         }
     }
 
-    /// Tries the store again while degraded: reopens it if a failed write
-    /// left it unusable, makes the log trustworthy again after a failed
-    /// sync, and commits durably. If that works, writing resumes and the
-    /// acks held meanwhile are recorded; otherwise the next try is
-    /// scheduled.
+    /// Tries the store again while degraded: reopens it if redb failed,
+    /// makes the log trustworthy again after a failed sync, checks that
+    /// the write that failed would now find room, and commits durably. If
+    /// that works, writing resumes and the acks held meanwhile are
+    /// recorded; otherwise the next try is scheduled.
     fn retry_storage(&mut self) {
         let Some(mut degraded) = self.degraded.take() else {
             return;
@@ -1243,16 +1243,23 @@ impl Writer {
 
     fn try_storage(&mut self) -> Result<()> {
         self.store.recover()?;
-        if let Some(cause) = self.syncer.failure() {
+        if self.syncer.failure().is_some() {
             // After a failed sync nothing appended since the last good one
             // can be trusted to be on disk: what this process wrote is
-            // written again, from its own view of the log, and synced.
-            self.store
-                .rewrite_log()
-                .map_err(|e| Error::Storage(format!("{cause}; writing it again failed: {e}")))?;
+            // written again, from its own view of the log, and synced. A
+            // failure here is the cause now (the newest, shown alone).
+            self.store.rewrite_log()?;
         }
-        self.store.log_has_room()?;
+        // Room for the batch that failed, checked as its commit does, so
+        // that the store is not called writable only for that batch to be
+        // refused again at once; and nothing is persisted (which may free
+        // the log's file) while there is none, so that a full disk stays
+        // one fault rather than a series of short ones.
+        let batch = self.opts.max_batch_bytes as u64;
+        self.store.room_again(batch)?;
         self.store.persist()?;
+        // Not going round, the persist may have emptied the log's file.
+        self.store.room_again(batch)?;
         // The durable commit ends the failed sync's effect; the writer
         // must see that before its next commit.
         self.syncer.after(Durable::Committed, Box::new(|_| {}));
@@ -1495,7 +1502,18 @@ impl Writer {
         // Not going round, the frames are written into redb's own pages:
         // refused here, before redb could meet a full disk.
         let bytes: usize = requests.iter().map(|r| r.weight().1).sum();
-        if let Err(e) = self.store.make_room(2 * bytes as u64) {
+        let mut room = self.store.make_room_for(bytes as u64);
+        if room.is_err() && self.store.unpersisted_since().is_some() {
+            // Commits made without durability since the last persist hold
+            // room a persist gives back: the pages they may still have to
+            // write (see `Store::make_room`), and, on a disk this short,
+            // the log's file. Persisted, the batch may fit.
+            self.persist();
+            if self.degraded.is_none() {
+                room = self.store.make_room_for(bytes as u64);
+            }
+        }
+        if let Err(e) = room {
             self.after_failure("commit", &e);
             let failed = replies.into_iter().map(|r| (r, Err(copy_error(&e))));
             self.answer(Durable::Nothing, None, failed.collect(), in_flight);

@@ -1010,23 +1010,39 @@ impl Wal {
             let piece = &mut buf[..len];
             self.file
                 .read_exact_at(piece, physical)
-                .and_then(|()| self.file.write_all_at(piece, physical))
-                .map_err(|e| self.write_error(&e))?;
+                .map_err(|e| self.rewrite_error("cannot read it back", &e))?;
+            self.file
+                .write_all_at(piece, physical)
+                .map_err(|e| self.rewrite_error("cannot write it again", &e))?;
             at += len as u64;
         }
-        self.file.sync_data().map_err(|e| self.write_error(&e))
+        self.file
+            .sync_data()
+            .map_err(|e| self.rewrite_error("cannot sync it", &e))
+    }
+
+    /// A failure of [`Wal::rewrite`], worded as the syncer words a failed
+    /// sync: `I/O error on FILE: what: ...`.
+    fn rewrite_error(&self, what: &str, e: &io::Error) -> Error {
+        let detail = format!("I/O error on {}: {what}: {e}", self.path.display());
+        if crate::error::is_disk_full(e) {
+            Error::DiskFull { detail }
+        } else {
+            Error::Storage(detail)
+        }
     }
 }
 
 impl Wal {
-    /// Makes sure the next record can be written: not going round, the
-    /// file is filled with zeros a step past the records (as an append
-    /// would), so that a full disk is found here rather than by a commit.
-    pub fn make_room(&mut self) -> Result<()> {
+    /// Makes sure a record of `bytes` can be written next: not going
+    /// round, the file is filled with zeros past where it would end (as
+    /// its append would), so that a full disk is found here rather than
+    /// by a commit.
+    pub fn make_room(&mut self, bytes: u64) -> Result<()> {
         if self.ring {
             return Ok(());
         }
-        let end = (self.pos + ZERO_STEP).min(self.capacity);
+        let end = (self.pos + bytes).min(self.capacity);
         if end > self.filled {
             self.fill_to(end)?;
         }

@@ -511,3 +511,107 @@ fn a_torn_tail_is_dropped_and_every_commit_before_it_kept() {
     drop(store);
     assert_eq!(read_all(&open(&path, &plan).unwrap()).unwrap(), seqs(70));
 }
+
+#[test]
+fn a_full_disk_refuses_writes_before_redb_meets_it_and_reads_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tether.redb");
+    let plan = FaultPlan::new();
+    let store = open(&path, &plan).unwrap();
+    let headroom = store.headroom();
+    let mut meta = StreamMeta::new(STREAM_ID, 0);
+    for through in (10..=50).step_by(10) {
+        append_through(&store, &mut meta, through).unwrap();
+    }
+    store.persist().unwrap();
+
+    // The disk is full: no block can be reserved any more. A commit
+    // bigger than what is reserved is refused before redb sees it.
+    plan.fail_all(Files::Any, IoOp::Allocate, libc::ENOSPC);
+    plan.reset_counts();
+    let big = 50 + 20_000;
+    let err = append_through(&store, &mut meta, big).unwrap_err();
+    assert!(matches!(err, Error::DiskFull { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .ends_with("No space left on device (os error 28)"),
+        "{err}"
+    );
+    assert_eq!(
+        plan.count(&Files::suffix(".wal"), IoOp::Write),
+        0,
+        "refused before its record was appended"
+    );
+    assert!(!headroom.redb_failed(), "redb never met the full disk");
+    // A failed append to the log leaves redb as it was, too.
+    plan.fail_next(Files::suffix(".wal"), IoOp::Write, libc::ENOSPC);
+    let err = append_through(&store, &mut meta, 60).unwrap_err();
+    assert!(matches!(err, Error::DiskFull { .. }), "{err:?}");
+    assert!(!headroom.redb_failed());
+
+    // Every read is served from what is stored, and there is nothing to
+    // reopen: the handle (and what it keeps reserved) stays.
+    let reserved = headroom.headroom();
+    assert!(reserved > 0);
+    assert_eq!(read_all(&store).unwrap(), seqs(50));
+    store.recover().unwrap();
+    assert_eq!(headroom.headroom(), reserved, "not reopened");
+    assert_eq!(read_all(&store).unwrap(), seqs(50));
+
+    // Space again: writes go on where they stopped.
+    plan.clear();
+    append_through(&store, &mut meta, big).unwrap();
+    assert_eq!(read_all(&store).unwrap(), seqs(big));
+    store.close().unwrap();
+    drop(store);
+    assert_eq!(read_all(&open(&path, &plan).unwrap()).unwrap(), seqs(big));
+}
+
+#[test]
+fn a_failing_store_file_is_reopened_for_reads_once_a_while_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tether.redb");
+    let plan = FaultPlan::new();
+    let store = open(&path, &plan).unwrap();
+    let headroom = store.headroom();
+    let mut meta = StreamMeta::new(STREAM_ID, 0);
+    append_through(&store, &mut meta, 50).unwrap();
+
+    // redb's durable commit fails to sync: redb refuses all work after it.
+    plan.fail_next(Files::suffix(".redb"), IoOp::Sync, libc::EIO);
+    let err = store.persist().unwrap_err();
+    assert!(headroom.redb_failed());
+    // Named as the contract words a failing device: the file, then why.
+    let fault = tetherd::degraded::Fault::of(&err).expect("a storage fault");
+    assert!(!fault.full);
+    assert!(
+        fault
+            .cause
+            .starts_with(&format!("I/O error on {}: ", path.display()))
+            && fault.cause.ends_with("Input/output error (os error 5)"),
+        "{}",
+        fault.cause
+    );
+
+    // Reads go on (from what redb still has, or from a handle a read
+    // reopened), and the writer's retry reopens it for writes.
+    assert_eq!(read_all(&store).unwrap(), seqs(50));
+    store.recover().unwrap();
+    assert!(!headroom.redb_failed());
+    append_through(&store, &mut meta, 60).unwrap();
+
+    // Failing again soon after a reopening, reads that fail do not reopen
+    // it again (each would drop the only handle, and on a failing disk
+    // fail as often); the writer's retry does.
+    plan.fail_all(Files::suffix(".redb"), IoOp::Read, libc::EIO);
+    plan.fail_next(Files::suffix(".redb"), IoOp::Sync, libc::EIO);
+    store.persist().unwrap_err();
+    for _ in 0..3 {
+        let _ = read_all(&store);
+        assert!(headroom.redb_failed(), "reopened by a read again at once");
+    }
+    plan.clear();
+    store.recover().unwrap();
+    assert!(!headroom.redb_failed());
+    assert_eq!(read_all(&store).unwrap(), seqs(60));
+}

@@ -75,14 +75,24 @@
 //!
 //! # Failures
 //!
-//! After a failed commit redb refuses further work on the same handle (it
-//! cannot know what reached the disk), so [`Store::recover`] reopens the file,
+//! redb must not meet a full disk: after any failure of its file it
+//! refuses all further work on the handle, reads included, until the file
+//! is opened again, and opening it again on a full disk may fail too. So
+//! every write first asks [`Store::make_room`] for the blocks it may take
+//! (see [`crate::store_io::Headroom`]), and is refused there, with
+//! [`Error::DiskFull`], while redb still works.
+//!
+//! When redb failed anyway (an I/O error), or a commit failed after its
+//! record was appended to the log, [`Store::recover`] reopens the file,
 //! letting redb's own recovery bring it back to its last durable commit,
-//! and applies the log's records again on top.
+//! and applies the log's records again on top. A write that failed before
+//! reaching redb (the log's append, or one refused for room) leaves the
+//! handle as it was: reads go on from it.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
 
 use redb::{Database, Durability};
 
@@ -123,8 +133,29 @@ pub struct Store {
     /// `None` once closed, or when reopening after a failure did not work.
     db: RwLock<Option<Database>>,
     closed: AtomicBool,
-    /// Set by a failed write: the handle must be reopened before the next one.
+    /// Set by a write that failed after its record was appended to the log
+    /// (or a read that redb failed): the handle must be reopened, and the
+    /// log replayed, before the next write. (redb failing itself is seen
+    /// in [`Headroom::redb_failed`].)
     needs_reopen: AtomicBool,
+    /// When the handle was last reopened, or tried to be: readers reopen
+    /// a failed handle at most once every [`REOPEN_EVERY`].
+    reopened_at: Mutex<Option<Instant>>,
+    /// The payload bytes of the last batch of frames a write asked room
+    /// for ([`Store::make_room_for`]): what the store must have room for
+    /// again before it is called writable ([`Store::room_again`]).
+    last_batch: AtomicU64,
+    /// The log's [`Wal::written`] at the last durable commit, and the
+    /// bytes of records replayed when the store was opened until then:
+    /// with the log's `written` now, the most that a replay on a reopened
+    /// handle applies, for the room it asks first.
+    persisted_at: AtomicU64,
+    replayed_at_open: AtomicU64,
+    /// What the commits made without durability since the last durable
+    /// one asked room for, at most [`WRITE_BUFFER`]: their pages may still
+    /// be in redb's write buffer, and any later write may have to write
+    /// them out, so every write asks room for them too.
+    owed: AtomicU64,
     /// The write-ahead log. Locked after `db` whenever both are.
     wal: Mutex<Wal>,
     /// Reads chunks the log keeps for the store, without its lock.
@@ -155,9 +186,27 @@ fn verify_before_writing(
     verified
 }
 
-/// The least room a write asks to have reserved for the store file to grow
-/// into (see [`Store::make_room`]): the pages a small commit rewrites.
+/// What every write asks to have reserved for the store file's blocks
+/// beyond what it adds itself (see [`Store::make_room`]): the pages a
+/// commit rewrites besides its data (the paths to what it changed in each
+/// table, redb's own tables).
 const MIN_ROOM: u64 = 256 * 1024;
+
+/// The most pages commits made without durability may leave in redb's
+/// write buffer, to be written by a later commit (half of its page cache,
+/// `CACHE_BYTES` in `recovery`).
+const WRITE_BUFFER: u64 = 1024 * 1024;
+
+/// How often readers may reopen a handle that redb failed (see
+/// [`Store::reopen_for_reads`]): as often as degraded mode retries, so
+/// that reads failing on it, and retried by their clients, do not reopen
+/// the store over and over.
+const REOPEN_EVERY: Duration = crate::degraded::RETRY_EVERY;
+
+/// Bytes of a log record beyond the payloads of the frames it holds, at
+/// most, as a share of them, and per record: for [`Store::room_again`].
+const RECORD_OVERHEAD_SHARE: u64 = 4;
+const RECORD_OVERHEAD: u64 = 64 * 1024;
 
 impl Store {
     /// Opens the store at `path`, creating it when missing. A file that
@@ -218,6 +267,11 @@ impl Store {
             db: RwLock::new(Some(db)),
             closed: AtomicBool::new(false),
             needs_reopen: AtomicBool::new(false),
+            reopened_at: Mutex::new(None),
+            last_batch: AtomicU64::new(0),
+            persisted_at: AtomicU64::new(0),
+            replayed_at_open: AtomicU64::new(0),
+            owed: AtomicU64::new(0),
             log: log.reader(),
             wal: Mutex::new(log),
             opener,
@@ -225,8 +279,20 @@ impl Store {
         };
         let version = store.init_schema()?;
         if existed {
+            // Not going round, the records' frames go into redb's pages; going
+            // round, only where they are, a few bytes each.
+            let records = if round.is_some() { 0 } else { store.log_len() };
+            store.replayed_at_open.store(records, Ordering::Release);
+            // On a full disk the store still opens, to serve reads: a
+            // replay that finds no room goes on all the same (most of it
+            // stays in redb's write buffer until the next commit, which
+            // asks for room itself).
+            if let Err(e) = store.make_room(records) {
+                tracing::warn!("replaying the log with little room left: {e}");
+            }
             let guard = store.handle()?;
             replay(guard_db(&guard)?, &mut store.wal())?;
+            store.owe(records);
         }
         if let Err(e) = store.wal().prepare() {
             // Only a head start: zeros are written ahead of the records.
@@ -294,11 +360,14 @@ impl Store {
                 }
             });
             match copied {
-                Ok(to) => log.copied_to(to),
-                Err(e) => {
-                    self.needs_reopen.store(true, Ordering::Release);
-                    return Err(e);
+                Ok(to) => {
+                    self.owe(budget.saturating_mul(2));
+                    log.copied_to(to);
                 }
+                // redb's own failure, if it was one, is seen by
+                // `Store::recover`; a copy refused before reaching redb
+                // leaves the handle as it was.
+                Err(e) => return Err(self.on_file(e)),
             }
         }
         Ok(log.wants_persist())
@@ -316,21 +385,41 @@ impl Store {
         self.wal().sync_handle(store)
     }
 
-    /// Refuses, with [`Error::DiskFull`], a write that could grow the
-    /// store file by `bytes` when the disk has no room for that: checked
-    /// before the write, so that redb never meets a full disk itself (it
-    /// then refuses reads too until it is reopened, and reopening may
-    /// need space as well). Cheap while the blocks are already reserved.
+    /// Refuses, with [`Error::DiskFull`], a write that could take `bytes`
+    /// more blocks for the store file's pages (and [`MIN_ROOM`] besides,
+    /// and what earlier commits may have left to write, see
+    /// `owed`) when the disk has no room for that: checked before
+    /// the write, so that redb never meets a full disk itself (it then
+    /// refuses reads too until it is reopened, and reopening may need
+    /// space as well). The blocks stay reserved for redb until it takes
+    /// them (see [`Headroom`]); cheap while they already are.
     pub fn make_room(&self, bytes: u64) -> Result<()> {
-        if self.headroom.try_reserve(bytes.max(MIN_ROOM)) {
-            return Ok(());
-        }
-        Err(Error::DiskFull {
-            detail: format!(
-                "no room left on its disk for {} to grow by {} KiB",
-                self.path.display(),
-                bytes.max(MIN_ROOM) / 1024
-            ),
+        let want = bytes
+            .saturating_add(MIN_ROOM)
+            .saturating_add(self.owed.load(Ordering::Acquire));
+        self.headroom.reserve(want).map_err(|e| {
+            tracing::debug!(
+                want,
+                reserved = self.headroom.headroom(),
+                owed = self.owed.load(Ordering::Acquire),
+                "no room for a write of the store: {e}"
+            );
+            if self.closed.load(Ordering::Acquire) {
+                Error::ShuttingDown
+            } else if is_disk_full(&e) {
+                Error::DiskFull {
+                    detail: format!(
+                        "no room left on its disk for {} to take {} KiB more: {e}",
+                        self.path.display(),
+                        want.div_ceil(1024)
+                    ),
+                }
+            } else {
+                Error::Storage(format!(
+                    "I/O error on {}: cannot reserve blocks for it: {e}",
+                    self.path.display()
+                ))
+            }
         })
     }
 
@@ -340,6 +429,58 @@ impl Store {
     pub fn verify(&self) -> Result<String> {
         let guard = self.handle()?;
         check::verify_frames(guard_db(&guard)?, &self.log, &self.path)
+    }
+
+    /// [`Store::make_room`] for a batch of frames with `payload` bytes:
+    /// not going round, a logged commit writes them into redb's own pages,
+    /// which may take up to twice as many bytes (pages of a leaf split
+    /// half full; a value of several pages placed on a boundary of its
+    /// size). Remembered for [`Store::room_again`].
+    pub fn make_room_for(&self, payload: u64) -> Result<()> {
+        self.last_batch.store(payload, Ordering::Release);
+        self.make_room(payload.saturating_mul(2))
+    }
+
+    /// Whether a write like the last batch of frames (see
+    /// [`Store::make_room_for`]; at most `cap` payload bytes) would now
+    /// find room, checked as the write does, so that a refusal here names
+    /// the cause the write would meet: room reserved for the store file,
+    /// then, not going round, room in the log's file for its record (see
+    /// [`Wal::make_room`]). Degraded mode asks before it calls the store
+    /// writable: a write that fails again at once would be refused to
+    /// producers after they were told it works.
+    pub fn room_again(&self, cap: u64) -> Result<()> {
+        let batch = self.last_batch.load(Ordering::Acquire).min(cap);
+        self.make_room(batch.saturating_mul(2))?;
+        let record = batch + batch / RECORD_OVERHEAD_SHARE + RECORD_OVERHEAD;
+        self.wal().make_room(record)
+    }
+
+    /// Notes a commit made without durability that asked room for `bytes`
+    /// (see `owed`).
+    fn owe(&self, bytes: u64) {
+        let add = bytes.saturating_add(MIN_ROOM);
+        let _ = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                Some(owed.saturating_add(add).min(WRITE_BUFFER))
+            });
+    }
+
+    /// The log file's length: at least the bytes of the records a replay
+    /// on opening applies, for the room it asks first.
+    fn log_len(&self) -> u64 {
+        std::fs::metadata(self.path.with_extension("wal")).map_or(0, |m| m.len())
+    }
+
+    /// The most bytes of records a replay on a reopened handle applies:
+    /// those appended since the last durable commit, and, before the
+    /// first, those replayed on opening.
+    fn unpersisted(&self, log: &Wal) -> u64 {
+        let since = log
+            .written()
+            .saturating_sub(self.persisted_at.load(Ordering::Acquire));
+        since.saturating_add(self.replayed_at_open.load(Ordering::Acquire))
     }
 
     /// What is reserved beyond the store file's end for redb to grow into,
@@ -360,11 +501,11 @@ impl Store {
         self.wal().rewrite()
     }
 
-    /// Whether the log can take the next record: going round it always
-    /// can; otherwise its file must be able to grow a step (see
-    /// [`Wal::make_room`]). Degraded mode asks before it clears.
-    pub fn log_has_room(&self) -> Result<()> {
-        self.wal().make_room()
+    /// Whether the log can take a record of `bytes`: going round it always
+    /// can; otherwise its file must be able to grow to hold it (see
+    /// [`Wal::make_room`]).
+    pub fn log_has_room(&self, bytes: u64) -> Result<()> {
+        self.wal().make_room(bytes)
     }
 
     /// Since when the write-ahead log has held commits the store may not
@@ -435,44 +576,125 @@ impl Store {
         appended: Option<impl FnOnce(u64)>,
         f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
     ) -> Result<(T, Durable)> {
-        self.make_room(MIN_ROOM)?;
         let guard = self.handle()?;
         let db = guard_db(&guard)?;
-        let result = write_in(db, &mut self.wal(), &self.log, appended, f);
-        if result.is_err() {
-            self.needs_reopen.store(true, Ordering::Release);
+        self.make_room(0)?;
+        let mut log = self.wal();
+        let before = log.written();
+        let asked = AtomicU64::new(0);
+        let result = write_in(db, &mut log, &self.log, appended, f, &|bytes| {
+            asked.fetch_max(bytes, Ordering::Relaxed);
+            self.make_room(bytes)
+        });
+        match &result {
+            Ok((_, Durable::Committed)) => {
+                self.persisted_at.store(log.written(), Ordering::Release);
+                self.replayed_at_open.store(0, Ordering::Release);
+                self.owed.store(0, Ordering::Release);
+            }
+            Ok(_) => self.owe(asked.into_inner()),
+            // A record appended for a commit that then failed is in the log
+            // but not in redb: a replay on a reopened handle puts it there,
+            // as a crash would. (redb failing itself is seen by `recover`.)
+            Err(_) if log.written() != before => {
+                self.needs_reopen.store(true, Ordering::Release);
+            }
+            Err(_) => {}
         }
-        result
+        result.map_err(|e| self.on_file(e))
     }
 
-    /// Reopens the database after a failed write, so that the next write
-    /// starts from the last commit. A no-op when nothing failed.
+    /// Whether the handle must be reopened before the next write: redb
+    /// failed (see [`Headroom::redb_failed`]), or a commit failed after
+    /// its record was appended.
+    pub(super) fn handle_failed(&self) -> bool {
+        self.needs_reopen.load(Ordering::Acquire) || self.headroom.redb_failed()
+    }
+
+    /// Words a failure of redb's file as the contract does, `I/O error on
+    /// FILE: ...`, so that degraded mode shows it so.
+    fn on_file(&self, e: Error) -> Error {
+        match e {
+            Error::Storage(detail) if self.headroom.redb_failed() => {
+                let detail = detail.strip_prefix("I/O error: ").unwrap_or(&detail);
+                Error::Storage(format!("I/O error on {}: {detail}", self.path.display()))
+            }
+            e => e,
+        }
+    }
+
+    /// Reopens the database when the handle failed (see
+    /// [`Store::handle_failed`]), so that the next write starts from the
+    /// last commit. A no-op otherwise: a write that failed before
+    /// reaching redb leaves a handle that reads and writes as before, and
+    /// closing it would make redb write (its allocator state) on what may
+    /// be a full disk.
     pub fn recover(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::ShuttingDown);
         }
         let mut slot = self.db.write().unwrap_or_else(PoisonError::into_inner);
-        if slot.is_some() && !self.needs_reopen.load(Ordering::Acquire) {
+        if slot.is_some() && !self.handle_failed() {
             return Ok(());
         }
+        *self
+            .reopened_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         // redb holds an exclusive lock on the file: the old handle must be
-        // gone before the file can be opened again.
+        // gone before the file can be opened again. A handle redb failed
+        // writes nothing as it closes.
         drop(slot.take());
         let db = open_database(&self.path, self.opener.as_ref(), &self.headroom)?;
         // Commits that reached the log but not the store (the one that
-        // failed, if its record was written) are applied again.
-        replay(&db, &mut self.wal())?;
+        // failed, if its record was written) are applied again, with room
+        // for them first: a handle that met a full disk at once would be
+        // of no use to readers either.
+        let mut log = self.wal();
+        let records = self.unpersisted(&log);
+        // A new handle has nothing buffered yet.
+        self.owed.store(0, Ordering::Release);
+        self.make_room(records)?;
+        replay(&db, &mut log)?;
+        drop(log);
+        self.owe(records);
         *slot = Some(db);
         self.needs_reopen.store(false, Ordering::Release);
         tracing::info!(path = %self.path.display(), "store reopened after a failed write");
         Ok(())
     }
 
+    /// For a read that failed on a failed handle: reopens it (see
+    /// [`Store::recover`]) unless that was done or tried within the last
+    /// [`REOPEN_EVERY`]; returns whether it was. Readers retrying a read
+    /// must not reopen the store each time: each reopening drops the only
+    /// handle, and on a failing disk it fails as often.
+    pub(super) fn reopen_for_reads(&self) -> Result<bool> {
+        {
+            let mut at = self
+                .reopened_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if at.is_some_and(|t| t.elapsed() < REOPEN_EVERY) {
+                return Ok(false);
+            }
+            *at = Some(Instant::now());
+        }
+        self.recover().map(|()| true)
+    }
+
     /// Closes the database. Later operations fail with
     /// [`Error::ShuttingDown`].
     pub fn close(&self) -> Result<()> {
-        self.closed.store(true, Ordering::Release);
         let mut slot = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        // redb writes its allocator state as it closes: with room for it,
+        // or it leaves the file for a repair on the next opening.
+        if slot.is_some() && !self.closed.load(Ordering::Acquire) {
+            if let Err(e) = self.make_room(0) {
+                tracing::debug!("closing the store with little room left: {e}");
+            }
+        }
+        self.closed.store(true, Ordering::Release);
         match slot.take() {
             Some(db) => db.close().map_err(storage),
             None => Ok(()),

@@ -52,15 +52,19 @@ pub struct ReadLimits {
 }
 
 impl Store {
-    /// Runs a read. A read that failed because the handle failed (an I/O
-    /// error here or in a concurrent commit) is retried once on a reopened
-    /// handle, so that reads go on after a failed commit (a full disk).
+    /// Runs a read. A read that failed because redb failed (an I/O error
+    /// here or in a concurrent commit) is retried once on a reopened
+    /// handle, reopened at most once a while whoever asks (see
+    /// [`Store::reopen_for_reads`]).
     fn reading<T>(&self, read: impl Fn() -> Result<T>) -> Result<T> {
         match read() {
-            Err(e) if self.needs_reopen.load(Ordering::Acquire) => {
+            Err(e @ (Error::Storage(_) | Error::Io { .. })) if self.handle_failed() => {
                 tracing::debug!("read failed on a failed store handle ({e}); reopening");
-                self.recover()?;
-                read()
+                if self.reopen_for_reads()? {
+                    read()
+                } else {
+                    Err(e)
+                }
             }
             result => result,
         }

@@ -76,6 +76,13 @@ pub struct WriteTxn<'t> {
     /// A change the log cannot describe was made: the commit must be
     /// durable in the store itself.
     unlogged: bool,
+    /// Asked for room for the blocks redb may take before values go into
+    /// it (see `Store::make_room`), so that redb never meets a full disk
+    /// (a checkpoint of megabytes is refused before redb writes any of
+    /// it); `None` where the caller made room for the whole transaction.
+    room: Option<&'t dyn Fn(u64) -> Result<()>>,
+    /// Bytes of values this transaction has put into redb so far.
+    stored: u64,
 }
 
 impl std::fmt::Debug for WriteTxn<'_> {
@@ -133,6 +140,9 @@ impl WriteTxn<'_> {
         }
         let key = (stream_id, chunk.first_seq);
         let bytes = chunk.finish();
+        if self.record.is_none() {
+            self.take_room(bytes.len())?;
+        }
         log_to(
             &mut self.record,
             &Op::Chunk {
@@ -206,6 +216,18 @@ impl WriteTxn<'_> {
         log_to(&mut self.record, op)
     }
 
+    /// Asks for room for `bytes` more of values before they go into redb:
+    /// for twice the transaction's running total (a leaf split leaves its
+    /// pages half full, and a value of several pages is placed on a
+    /// boundary of its size).
+    fn take_room(&mut self, bytes: usize) -> Result<()> {
+        self.stored = self.stored.saturating_add(bytes as u64);
+        match self.room {
+            Some(room) => room(self.stored.saturating_mul(2)),
+            None => Ok(()),
+        }
+    }
+
     /// Applies one change of a replayed log record. `kept`: the record's
     /// position and body when the log keeps its chunks for the store
     /// (going round), which then gets where they are, as from
@@ -270,6 +292,7 @@ impl WriteTxn<'_> {
     /// Stores an execution's encoded manifest.
     pub fn put_execution(&mut self, id: &str, manifest: &[u8]) -> Result<()> {
         self.unlogged = true;
+        self.take_room(id.len() + manifest.len())?;
         self.executions
             .get()?
             .insert(id, manifest)
@@ -297,6 +320,7 @@ impl WriteTxn<'_> {
     /// [`Record`](crate::checkpoint::Record)).
     pub fn put_checkpoint(&mut self, execution: &str, id: u64, record: &[u8]) -> Result<()> {
         self.unlogged = true;
+        self.take_room(execution.len() + record.len())?;
         self.checkpoints
             .get()?
             .insert((execution, id), record)
@@ -332,6 +356,7 @@ impl WriteTxn<'_> {
     /// Records the result of a durable step.
     pub fn put_step(&mut self, execution: &str, step: &str, result: &[u8]) -> Result<()> {
         self.unlogged = true;
+        self.take_room(execution.len() + step.len() + result.len())?;
         self.steps
             .get()?
             .insert((execution, step), result)
@@ -450,6 +475,7 @@ impl WriteTxn<'_> {
             let bytes = own_chunk_bytes(&value, self.log, &mut kept, stream_id, first)?;
             let rest = chunk_from(first, bytes, new_first)
                 .map_err(|e| corrupt_chunk(stream_id, first, &e))?;
+            self.take_room(rest.len())?;
             self.chunks
                 .get()?
                 .insert((stream_id, new_first), rest.as_slice())
@@ -513,6 +539,8 @@ pub(super) fn tables<'t>(
         scratch: Vec::new(),
         record,
         unlogged: false,
+        room: None,
+        stored: 0,
     }
 }
 
@@ -520,15 +548,22 @@ pub(super) fn tables<'t>(
 /// `appended` is given and the log can describe it and has room, else
 /// durably (after which the log starts again, or, going round, goes on
 /// past the chunks it kept that are now in the store).
+///
+/// `room` is asked for room for the blocks redb may take before values go
+/// into it (see `Store::make_room`); the frames of a logged commit, before
+/// its record is appended, so that a refusal leaves nothing in the log
+/// that redb does not hold.
 pub(super) fn write_in<T>(
     db: &Database,
     log: &mut Wal,
     reader: &LogReader,
     appended: Option<impl FnOnce(u64)>,
     f: impl FnOnce(&mut WriteTxn<'_>) -> Result<T>,
+    room: &dyn Fn(u64) -> Result<()>,
 ) -> Result<(T, Durable)> {
     let mut txn = db.begin_write().map_err(storage)?;
     let mut tables = tables(&txn, reader, appended.is_some().then(|| log.take_buf()));
+    tables.room = Some(room);
     let mut full = false;
     let outcome = f(&mut tables)
         .and_then(|value| tables.flush_chunks().map(|()| value))
@@ -561,6 +596,13 @@ pub(super) fn write_in<T>(
             };
             Ok((value, record))
         });
+    // The chunks a logged commit stores after its append: room first.
+    let unstored: usize = tables
+        .unstored
+        .iter()
+        .map(|(_, bytes, _)| bytes.len())
+        .sum();
+    let outcome = outcome.and_then(|done| tables.take_room(unstored).map(|()| done));
     let (value, record) = match outcome {
         Ok(done) => done,
         Err(e) => {
@@ -682,7 +724,10 @@ pub(super) fn copy_kept_chunks(tables: &mut WriteTxn<'_>, log: &Wal, budget: u64
                 .and_then(|value| InLog::parse(value.value()))
                 .is_some_and(|r| r.at == at && r.len as usize == chunk.0.len());
             if kept_here {
-                table
+                tables.take_room(chunk.0.len())?;
+                tables
+                    .chunks
+                    .get()?
                     .insert((stream_id, first_seq), chunk.0)
                     .map_err(storage)?;
             }
