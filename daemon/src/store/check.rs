@@ -49,7 +49,7 @@ pub fn run(state_dir: &Path) -> Result<String> {
     let capacity = marks.capacity.unwrap_or(wal::DEFAULT_CAPACITY);
     // The log too goes through an overlay: the replay below writes to it
     // (where it goes on after the records it applied), in memory only.
-    let overlay = OverlayOpener(Arc::new(OsOpener));
+    let overlay = OverlayOpener::new(Arc::new(OsOpener));
     let mut log = Wal::open(&log_path, capacity, &overlay)?;
     verify_log(&db, &log)?;
     // Commits only the log holds (after a crash) are frames too: applied
@@ -63,7 +63,7 @@ pub fn run(state_dir: &Path) -> Result<String> {
 /// that redb may recover a file its last run did not close (which writes)
 /// in memory only.
 fn open_under_overlay(store: &Path) -> Result<redb::Database> {
-    let overlay = OverlayOpener(Arc::new(OsOpener));
+    let overlay = OverlayOpener::new(Arc::new(OsOpener));
     open_database(store, &overlay, &Arc::new(Headroom::default()))
 }
 

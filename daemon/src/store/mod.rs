@@ -175,7 +175,7 @@ fn verify_before_writing(
     log_capacity: u64,
     opener: &Arc<dyn Opener>,
 ) -> Result<()> {
-    let overlay = overlay::OverlayOpener(opener.clone());
+    let overlay = overlay::OverlayOpener::new(opener.clone());
     let probe = open_database(path, &overlay, &Arc::new(Headroom::default()))?;
     verify::verify_both_there(path, log_path, true)?;
     let capacity = going_round_with(&probe, path)?.unwrap_or(log_capacity);
@@ -183,7 +183,13 @@ fn verify_before_writing(
     let verified = verify::verify_log(&probe, &log);
     drop(log);
     probe.close().map_err(storage)?;
-    verified
+    verified?;
+    // The store verified: what redb's recovery and clean close wrote over
+    // the file in memory is written to it, so that opening it again does
+    // not recover it a second time.
+    overlay
+        .write_through(path)
+        .map_err(|e| Error::io(format!("cannot write the store {}", path.display()), e))
 }
 
 /// What every write asks to have reserved for the store file's blocks

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::store_io::{FileIo, Opener};
@@ -17,7 +17,59 @@ const PAGE: u64 = 4096;
 
 /// Opens files read-only under an overlay (see the module docs).
 #[derive(Debug)]
-pub(super) struct OverlayOpener(pub Arc<dyn Opener>);
+pub(super) struct OverlayOpener {
+    inner: Arc<dyn Opener>,
+    /// Every file opened, so that what was written over it can be written
+    /// through once it is known to be wanted ([`OverlayOpener::write_through`]).
+    opened: Mutex<Vec<(PathBuf, Arc<OverlayFile>)>>,
+}
+
+impl OverlayOpener {
+    pub(super) fn new(inner: Arc<dyn Opener>) -> OverlayOpener {
+        OverlayOpener {
+            inner,
+            opened: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Writes what was written over `path` to the file itself: every page
+    /// but the first, a sync, then the first and a sync. Start-up uses it
+    /// once the log verified, so that redb's recovery, done in memory to
+    /// read the store's marks without writing, need not be done again
+    /// (it reads the whole file). The first page holds redb's header,
+    /// which is what says the recovery is done, so it goes last: a crash
+    /// before it leaves a file that recovers as before.
+    pub(super) fn write_through(&self, path: &Path) -> io::Result<()> {
+        let opened = self.opened.lock().unwrap_or_else(PoisonError::into_inner);
+        for (at, file) in opened.iter().filter(|(p, _)| p == path) {
+            let state = file.lock();
+            if state.pages.is_empty() && state.len == file.file.len()? {
+                continue;
+            }
+            let target = self.inner.open(at)?;
+            if target.len()? != state.len {
+                target.set_len(state.len)?;
+            }
+            let write = |number: u64, page: &[u8]| -> io::Result<()> {
+                let start = number * PAGE;
+                if start >= state.len {
+                    return Ok(());
+                }
+                let take = (state.len - start).min(PAGE) as usize;
+                target.write_all_at(&page[..take], start)
+            };
+            for (&number, page) in state.pages.range(1..) {
+                write(number, page)?;
+            }
+            target.sync_data()?;
+            if let Some(first) = state.pages.get(&0) {
+                write(0, first)?;
+                target.sync_data()?;
+            }
+        }
+        Ok(())
+    }
+}
 
 impl Opener for OverlayOpener {
     fn open(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
@@ -25,6 +77,13 @@ impl Opener for OverlayOpener {
     }
 
     fn open_read(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
+        let file = self.open_overlay(path)?;
+        Ok(file)
+    }
+}
+
+impl OverlayOpener {
+    fn open_overlay(&self, path: &Path) -> io::Result<Arc<OverlayFile>> {
         // Opened to write only so that redb can take its write lock on it
         // (a lock needs a descriptor open for writing); nothing is written
         // through it. A missing file is not made.
@@ -34,15 +93,20 @@ impl Opener for OverlayOpener {
                 format!("{} does not exist", path.display()),
             ));
         }
-        let file = self.0.open(path)?;
+        let file = self.inner.open(path)?;
         let len = file.len()?;
-        Ok(Arc::new(OverlayFile {
+        let overlay = Arc::new(OverlayFile {
             file,
             state: Mutex::new(Overlay {
                 len,
                 pages: BTreeMap::new(),
             }),
-        }))
+        });
+        self.opened
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((path.to_path_buf(), overlay.clone()));
+        Ok(overlay)
     }
 }
 
@@ -178,7 +242,7 @@ mod tests {
         let path = dir.path().join("f");
         let original: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&path, &original).unwrap();
-        let file = OverlayOpener(Arc::new(OsOpener)).open(&path).unwrap();
+        let file = OverlayOpener::new(Arc::new(OsOpener)).open(&path).unwrap();
         file.write_all_at(&[7u8; 5000], 3000).unwrap();
         file.set_len(12_000).unwrap();
         file.write_all_at(b"end", 11_997).unwrap();
