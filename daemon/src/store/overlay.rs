@@ -43,7 +43,7 @@ impl OverlayOpener {
         let opened = self.opened.lock().unwrap_or_else(PoisonError::into_inner);
         for (at, file) in opened.iter().filter(|(p, _)| p == path) {
             let state = file.lock();
-            if state.pages.is_empty() && state.len == file.file.len()? {
+            if state.pages.is_empty() && state.len == file.file_len {
                 continue;
             }
             let target = self.inner.open(at)?;
@@ -97,6 +97,7 @@ impl OverlayOpener {
         let len = file.len()?;
         let overlay = Arc::new(OverlayFile {
             file,
+            file_len: len,
             state: Mutex::new(Overlay {
                 len,
                 pages: BTreeMap::new(),
@@ -113,6 +114,8 @@ impl OverlayOpener {
 #[derive(Debug)]
 struct OverlayFile {
     file: Arc<dyn FileIo>,
+    /// The file's length when opened: nothing writes to it meanwhile.
+    file_len: u64,
     state: Mutex<Overlay>,
 }
 
@@ -133,7 +136,7 @@ impl OverlayFile {
     fn page_of_file(&self, number: u64) -> io::Result<Box<[u8]>> {
         let mut page = vec![0u8; PAGE as usize].into_boxed_slice();
         let start = number * PAGE;
-        let file_len = self.file.len()?;
+        let file_len = self.file_len;
         if start < file_len {
             let take = (file_len - start).min(PAGE) as usize;
             self.file.read_exact_at(&mut page[..take], start)?;
@@ -196,7 +199,7 @@ impl FileIo for OverlayFile {
             // What lay past the new end reads as zeros if the file grows
             // again: keep zeroed pages for the part of the file cut off.
             let first_cut = len / PAGE;
-            let file_len = self.file.len()?;
+            let file_len = self.file_len;
             let last = file_len.max(state.len).div_ceil(PAGE);
             for number in first_cut..last {
                 let mut page = match state.pages.remove(&number) {
