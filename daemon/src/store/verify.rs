@@ -100,24 +100,14 @@ pub(super) fn verify_both_there(store: &Path, log: &Path, store_has_data: bool) 
 /// or what is left of one).
 fn log_holds_records(log: &Path) -> Result<bool> {
     use std::io::Read;
-    let mut start = [0u8; crate::wal::HEADER_LEN];
-    let mut file = std::fs::File::open(log)
+    let mut start = Vec::with_capacity(crate::wal::HEADER_LEN);
+    std::fs::File::open(log)
+        .and_then(|file| {
+            file.take(crate::wal::HEADER_LEN as u64)
+                .read_to_end(&mut start)
+        })
         .map_err(|e| Error::io(format!("cannot read the log {}", log.display()), e))?;
-    let mut read = 0;
-    while read < start.len() {
-        match file.read(&mut start[read..]) {
-            Ok(0) => break,
-            Ok(n) => read += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Err(Error::io(
-                    format!("cannot read the log {}", log.display()),
-                    e,
-                ))
-            }
-        }
-    }
-    Ok(start[..read].iter().any(|&b| b != 0))
+    Ok(start.iter().any(|&b| b != 0))
 }
 
 /// After redb opened and before anything is written: the log's records the
@@ -136,14 +126,14 @@ pub(super) fn verify_log(db: &impl ReadableDatabase, log: &Wal) -> Result<()> {
                      short",
                     log.file_len()
                 ),
-                affected(db, marks)?,
+                affected(db)?,
             ));
         }
     }
     let replayed = match log.replay(marks.applied, marks.resume, |_, _, _| Ok(())) {
         Ok(replayed) => replayed,
         Err(Error::CorruptStore { detail, .. }) => {
-            return Err(damaged(path, None, detail, affected(db, marks)?))
+            return Err(damaged(path, None, detail, affected(db)?))
         }
         Err(e) => return Err(e),
     };
@@ -155,7 +145,7 @@ pub(super) fn verify_log(db: &impl ReadableDatabase, log: &Wal) -> Result<()> {
                 "record {number} fails its check, and the record after it passes: the \
                  commits from record {number} on are lost"
             ),
-            affected(db, marks)?,
+            affected(db)?,
         ));
     }
     if let Some((number, at)) = replayed.ended_at_damage {
@@ -168,7 +158,7 @@ pub(super) fn verify_log(db: &impl ReadableDatabase, log: &Wal) -> Result<()> {
                      after it passes: the records between were written, maybe acknowledged, \
                      and are lost"
                 ),
-                affected(db, marks)?,
+                affected(db)?,
             ));
         }
         tracing::info!(
@@ -198,7 +188,7 @@ pub(super) fn verify_log(db: &impl ReadableDatabase, log: &Wal) -> Result<()> {
 /// Which streams and seqs damage to the log can have cost: the frames
 /// after what the store file holds of each stream (the log held the
 /// commits after it).
-fn affected(db: &impl ReadableDatabase, _marks: LogMarks) -> Result<String> {
+fn affected(db: &impl ReadableDatabase) -> Result<String> {
     const SHOWN: usize = 10;
     let txn = db.begin_read().map_err(super::storage)?;
     let streams = match txn.open_table(STREAMS) {
