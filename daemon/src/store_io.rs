@@ -283,26 +283,38 @@ impl Reservation {
         if want <= self.end {
             return Ok(());
         }
+        if self.reserve_step(want, short)? {
+            return Ok(());
+        }
+        self.file.allocate(self.end, want - self.end)?;
+        self.end = want;
+        Ok(())
+    }
+
+    /// Reserves a whole step beyond `want` when there is space to spare
+    /// for it (see [`SPARE_SHARE`]), and says whether it did; `short`
+    /// then tells whether space is short. The one place both reserving
+    /// and growing try for a step.
+    fn reserve_step(&mut self, want: u64, short: &AtomicBool) -> io::Result<bool> {
         let ahead = want.saturating_add(step(want));
-        let spare = self
-            .file
-            .free_space()
-            .is_ok_and(|free| free / SPARE_SHARE >= ahead - self.end);
+        let spare = ahead > self.end
+            && self
+                .file
+                .free_space()
+                .is_ok_and(|free| free / SPARE_SHARE >= ahead - self.end);
         if spare {
             match self.file.allocate(self.end, ahead - self.end) {
                 Ok(()) => {
                     short.store(false, Ordering::Release);
                     self.end = ahead;
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(e) if out_of_space(&e) => {}
                 Err(e) => return Err(e),
             }
         }
         short.store(true, Ordering::Release);
-        self.file.allocate(self.end, want - self.end)?;
-        self.end = want;
-        Ok(())
+        Ok(false)
     }
 
     /// Grows the file to `len`. Within the pool while space is not short,
@@ -318,24 +330,9 @@ impl Reservation {
         if len <= self.end && !short.load(Ordering::Acquire) {
             return self.file.set_len(len);
         }
-        let ahead = len.saturating_add(step(len));
-        let spare = ahead > self.end
-            && self
-                .file
-                .free_space()
-                .is_ok_and(|free| free / SPARE_SHARE >= ahead - self.end);
-        if spare {
-            match self.file.allocate(self.end, ahead - self.end) {
-                Ok(()) => {
-                    short.store(false, Ordering::Release);
-                    self.end = ahead;
-                    return self.file.set_len(len);
-                }
-                Err(e) if out_of_space(&e) => {}
-                Err(e) => return Err(e),
-            }
+        if self.reserve_step(len, short)? {
+            return self.file.set_len(len);
         }
-        short.store(true, Ordering::Release);
         // Cutting a file to its own length frees the blocks reserved
         // beyond its end (ext4 and tmpfs alike): the pool's blocks go back
         // to the filesystem and are taken again past the new end.
