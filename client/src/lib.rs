@@ -30,7 +30,7 @@ pub mod publisher;
 pub mod shim;
 pub mod ssh;
 pub mod subscriber;
-pub mod time;
+pub use tether_protocol::time;
 pub mod worker;
 
 pub use conn::{ConnectOptions, Connection, Connector, Endpoint, Link};

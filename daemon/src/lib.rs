@@ -112,6 +112,7 @@ pub async fn run_with(
     }
     create_private_dir(&config.state_dir)?;
     let _lock = lock::StateLock::acquire(&config.state_dir)?;
+    store::repair::refuse_interrupted(&config.state_dir)?;
     let queue_options = queue::QueueOptions {
         retention: config.retention.clone(),
         checkpoint_keep: config.checkpoint_keep,

@@ -79,11 +79,22 @@ struct Args {
 /// What to do instead of serving.
 #[derive(Clone, Debug, Subcommand)]
 enum Command {
-    /// Verify the store without changing a byte: exit 0 with a summary
-    /// when it is whole, 65 naming the damage found otherwise.
-    /// Beside a running daemon (it holds the state directory), asks that
-    /// daemon over its socket (`--socket`) to read every frame instead.
+    /// Verify the store without changing a byte.
+    ///
+    /// Exit 0 with a summary when it is whole, 65 naming the damage found
+    /// otherwise. Beside a running daemon (it holds the state directory),
+    /// asks that daemon over its socket (`--socket`) to read every frame
+    /// instead.
     Check,
+    /// Repair a damaged store: the only way past damage.
+    ///
+    /// Copies the store's files to `damaged-<UTC time>/` in the state
+    /// directory, keeps every record that verifies, records the seq
+    /// ranges lost (readers get a gap notice there) and prints them per
+    /// stream. Seqs go on above every seq seen, never reused. Refused
+    /// while a daemon runs on the state directory, and with nothing
+    /// changed when the copy would not fit on the disk.
+    Repair,
 }
 
 /// `tetherd` and `tetherd check` exit with this when the store is damaged
@@ -97,8 +108,10 @@ fn main() -> ExitCode {
     // workers do not inherit them.
     let listen_env = tetherd::activation::ListenEnv::take_from_process();
     let notify_env = tetherd::notify::NotifyEnv::take_from_process();
-    let result = match args.command.clone() {
+    let command = args.command.clone();
+    let result = match command {
         Some(Command::Check) => check(&args),
+        Some(Command::Repair) => repair(&args),
         None => start(args, &listen_env, &notify_env),
     };
     match result {
@@ -107,6 +120,10 @@ fn main() -> ExitCode {
             tracing::error!("{e}");
             eprintln!("tetherd: error: {e}");
             if e.is_damage() {
+                eprintln!(
+                    "tetherd: `tetherd repair` (with the same --state-dir) copies the damaged \
+                     files aside, keeps everything that verifies and says what was lost"
+                );
                 ExitCode::from(EXIT_DAMAGED)
             } else {
                 ExitCode::FAILURE
@@ -126,6 +143,22 @@ fn check(args: &Args) -> tetherd::Result<()> {
     };
     println!("{summary}");
     Ok(())
+}
+
+/// `tetherd repair`: see [`Command::Repair`].
+fn repair(args: &Args) -> tetherd::Result<()> {
+    let config = config_from(args.clone())?;
+    match tetherd::store::repair::run(&config.state_dir, config.log_capacity) {
+        Ok(report) => {
+            println!("{report}");
+            Ok(())
+        }
+        Err(e @ tetherd::Error::AlreadyRunning { .. }) => {
+            eprintln!("tetherd: stop the daemon before repairing its store");
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Asks the daemon on `socket` to verify its store: Hello, then Verify, on

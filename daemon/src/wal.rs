@@ -1083,7 +1083,12 @@ impl Wal {
         above: u64,
         round: bool,
     ) -> Result<Option<(u64, u64)>> {
-        let start = self.file_offset(pos, round) + 1;
+        self.find_valid_from(self.file_offset(pos, round) + 1, above, round)
+    }
+
+    /// [`Wal::find_valid_after`] from the file's byte `start` on, that
+    /// byte included.
+    fn find_valid_from(&self, start: u64, above: u64, round: bool) -> Result<Option<(u64, u64)>> {
         let end = self.filled.min(self.capacity);
         let ranges = if round {
             vec![(start, end), (0, start.saturating_sub(1))]
@@ -1175,6 +1180,93 @@ impl Wal {
             }
         }
         Ok(None)
+    }
+}
+
+/// Records lost to damage, as [`Wal::salvage`] found them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LostRecords {
+    /// The first record number missing.
+    pub first: u64,
+    /// The last record number missing.
+    pub last: u64,
+    /// The bytes of the log they took: the most their frames can have been.
+    pub bytes: u64,
+}
+
+/// What [`Wal::salvage`] read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Salvaged {
+    /// The number of the last record read, or the applied one.
+    pub last: u64,
+    /// The records that were lost between those read, in order.
+    pub lost: Vec<LostRecords>,
+}
+
+/// Reading past damage (`tetherd repair`).
+impl Wal {
+    /// Hands `apply` every record numbered above `applied` that passes its
+    /// check, in order, as [`Wal::replay`] does from `from`, but going on
+    /// past damage: after a record that fails its check (or where the
+    /// log seems to end), the file is searched for a later record, and
+    /// reading goes on from there. The records skipped are returned. A
+    /// failing last record with nothing valid after it is a torn tail, as
+    /// at start-up, and is not counted lost.
+    pub fn salvage(
+        &self,
+        applied: u64,
+        from: Option<u64>,
+        mut apply: impl FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<Salvaged> {
+        let round = from.is_some();
+        let mut salvaged = Salvaged {
+            last: applied,
+            lost: Vec::new(),
+        };
+        let mut from = from;
+        loop {
+            let start = from.unwrap_or(0);
+            // Where reading stopped, and the first byte that may hold a
+            // later record.
+            let (stopped, search) =
+                match self.replay(salvaged.last, from, |number, _, body| apply(number, body)) {
+                    Ok(replayed) => {
+                        salvaged.last = replayed.last;
+                        let at = replayed
+                            .stopped_before
+                            .or(replayed.ended_at_damage)
+                            .map_or(replayed.end, |(_, at)| at);
+                        let at = self.file_offset(at, round || from.is_some());
+                        (at, at + 1)
+                    }
+                    // The first record there is numbered past the one due:
+                    // the records between are missing.
+                    Err(Error::CorruptStore { .. }) => {
+                        let at = self.file_offset(start, true);
+                        (at, at)
+                    }
+                    Err(e) => return Err(e),
+                };
+            let Some((number, at)) =
+                self.find_valid_from(search, salvaged.last, round || from.is_some())?
+            else {
+                return Ok(salvaged);
+            };
+            let bytes = if at > stopped {
+                at - stopped
+            } else {
+                self.capacity - stopped + at
+            };
+            if number > salvaged.last + 1 {
+                salvaged.lost.push(LostRecords {
+                    first: salvaged.last + 1,
+                    last: number - 1,
+                    bytes,
+                });
+            }
+            salvaged.last = number - 1;
+            from = Some(at);
+        }
     }
 }
 
@@ -1294,6 +1386,63 @@ mod tests {
             wal.append(&mut record(&[chunk(1, i, &PAYLOAD)])).unwrap();
         }
         (dir, path, wal)
+    }
+
+    #[test]
+    fn salvage_reads_on_past_damaged_records_and_names_them() {
+        let (_dir, path, written) = five_records();
+        drop(written);
+        let record_len = (HEADER_LEN + wal_body_len()) as u64;
+        let flip = |at: u64| {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap();
+            let mut byte = [0u8];
+            file.read_exact_at(&mut byte, at).unwrap();
+            file.write_all_at(&[byte[0] ^ 0xff], at).unwrap();
+        };
+        // Record 2's body and record 4's length: both fail, and the
+        // records after each are found by searching on.
+        flip(record_len + HEADER_LEN as u64 + 10);
+        flip(3 * record_len + 1);
+        let wal = Wal::open(&path, 1 << 20, &OsOpener).unwrap();
+        let mut seen = Vec::new();
+        let salvaged = wal
+            .salvage(0, None, |number, _| {
+                seen.push(number);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, vec![1, 3, 5]);
+        assert_eq!(
+            salvaged,
+            Salvaged {
+                last: 5,
+                lost: vec![
+                    LostRecords {
+                        first: 2,
+                        last: 2,
+                        bytes: record_len
+                    },
+                    LostRecords {
+                        first: 4,
+                        last: 4,
+                        bytes: record_len
+                    },
+                ],
+            }
+        );
+        // From above the applied record, nothing before it counts.
+        let salvaged = wal.salvage(3, None, |_, _| Ok(())).unwrap();
+        assert_eq!(salvaged.lost.len(), 1);
+        assert_eq!(salvaged.last, 5);
+    }
+
+    /// The body length of each of [`five_records`]' records.
+    fn wal_body_len() -> usize {
+        record(&[chunk(1, 0, &PAYLOAD)]).len() - HEADER_LEN
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod codec;
 pub mod error;
 pub mod frame;
 pub mod paths;
+pub mod time;
 
 pub use codec::{ClientCodec, Codec, ServerCodec};
 pub use error::{Error, Result};

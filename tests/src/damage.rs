@@ -182,6 +182,18 @@ pub fn check(sb: &Sandbox) -> Output {
     cli::run(cmd, b"", DEADLINE)
 }
 
+/// Runs `tetherd repair` on the sandbox's state directory to completion.
+pub fn repair(sb: &Sandbox) -> Output {
+    let mut cmd = Command::new(crate::bins::tetherd());
+    cmd.arg("repair")
+        .arg("--state-dir")
+        .arg(sb.state_dir())
+        .arg("--socket")
+        .arg(sb.socket());
+    clean_env(&mut cmd);
+    cli::run(cmd, b"", DEADLINE)
+}
+
 /// The sandbox's flags must be the only source of paths and settings.
 fn clean_env(cmd: &mut Command) {
     for var in [
@@ -221,7 +233,7 @@ impl StateSnapshot {
         for entry in entries {
             let entry = entry.unwrap();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name == LOCK_FILE {
+            if name == LOCK_FILE || entry.path().is_dir() {
                 continue;
             }
             files.insert(name, FileSnapshot::read(&entry.path()));
@@ -235,7 +247,13 @@ impl StateSnapshot {
     /// Asserts that the directory holds the same files with the same bytes
     /// as when the snapshot was taken; `after` says what ran meanwhile.
     pub fn assert_unchanged(&self, after: &str) {
-        let now = Self::take(&self.dir);
+        self.assert_same_as(&self.dir, after);
+    }
+
+    /// Asserts that `dir` holds the files of the snapshot, byte for byte
+    /// (a copy of them); `after` says what made it.
+    pub fn assert_same_as(&self, dir: &Path, after: &str) {
+        let now = Self::take(dir);
         let names = |s: &Self| s.files.keys().cloned().collect::<Vec<_>>();
         assert_eq!(
             names(&now),
@@ -336,6 +354,19 @@ impl Crc32 {
     fn finish(&self) -> u32 {
         !self.state
     }
+}
+
+/// The lowest and highest `line-NNNNNNN` numbers in `bytes`: a record's
+/// frames, by seq (line `n` is seq `n`).
+pub fn line_numbers(bytes: &[u8]) -> (u64, u64) {
+    let numbers: Vec<u64> = bytes
+        .windows(12)
+        .filter(|w| w.starts_with(b"line-") && w[5..].iter().all(u8::is_ascii_digit))
+        .map(|w| std::str::from_utf8(&w[5..]).unwrap().parse().unwrap())
+        .collect();
+    let first = *numbers.iter().min().expect("the record holds no line");
+    let last = *numbers.iter().max().unwrap();
+    (first, last)
 }
 
 #[cfg(test)]

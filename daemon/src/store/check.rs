@@ -12,7 +12,7 @@ use redb::{ReadableDatabase, ReadableTable};
 use super::chunk::{chunk_bytes, ChunkIter, InLog};
 use super::overlay::OverlayOpener;
 use super::recovery::{open_database, replay};
-use super::schema::{StreamMeta, CHUNKS, STREAMS};
+use super::schema::{StreamMeta, CHUNKS, LOST, STREAMS};
 use super::verify::{read_marks, verify_both_there, verify_log};
 use crate::error::Damage;
 use crate::lock::StateLock;
@@ -23,8 +23,6 @@ use crate::{Error, Result};
 /// Checks the store in `state_dir`: a one-line summary when it is whole,
 /// [`Error::Damaged`] naming every damaged place otherwise.
 pub fn run(state_dir: &Path) -> Result<String> {
-    let store = state_dir.join("tether.redb");
-    let log_path = store.with_extension("wal");
     if !state_dir.is_dir() {
         return Err(Error::Config(format!(
             "no state directory {}",
@@ -35,6 +33,14 @@ pub fn run(state_dir: &Path) -> Result<String> {
     // A daemon that runs already is [`Error::AlreadyRunning`]: the caller
     // asks that daemon instead (see `tetherd check`).
     let _lock = StateLock::acquire(state_dir)?;
+    verify_dir(state_dir)
+}
+
+/// [`run`] with the state directory's lock held by the caller.
+pub(super) fn verify_dir(state_dir: &Path) -> Result<String> {
+    let store = state_dir.join("tether.redb");
+    let log_path = store.with_extension("wal");
+    super::repair::refuse_interrupted(state_dir)?;
     let has_data = std::fs::metadata(&store).is_ok_and(|m| m.len() > 0);
     if !has_data {
         verify_both_there(&store, &log_path, false)?;
@@ -62,7 +68,7 @@ pub fn run(state_dir: &Path) -> Result<String> {
 /// Opens the store file without writing to it: through an overlay, so
 /// that redb may recover a file its last run did not close (which writes)
 /// in memory only.
-fn open_under_overlay(store: &Path) -> Result<redb::Database> {
+pub(super) fn open_under_overlay(store: &Path) -> Result<redb::Database> {
     let overlay = OverlayOpener::new(Arc::new(OsOpener));
     open_database(store, &overlay, &Arc::new(Headroom::default()))
 }
@@ -86,6 +92,26 @@ pub(super) fn verify_frames(
     let txn = db.begin_read().map_err(super::storage)?;
     let streams = txn.open_table(STREAMS).map_err(super::storage)?;
     let chunks = txn.open_table(CHUNKS).map_err(super::storage)?;
+    let lost = match txn.open_table(LOST) {
+        Ok(lost) => Some(lost),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(super::storage(e)),
+    };
+    // Past the seqs from `seq` on that a repair recorded lost.
+    let past_lost = |id: u64, seq: u64| -> Result<u64> {
+        let Some(lost) = &lost else { return Ok(seq) };
+        let last = lost
+            .range((id, 0)..=(id, seq))
+            .map_err(super::storage)?
+            .next_back()
+            .transpose()
+            .map_err(super::storage)?
+            .map(|(_, last)| last.value());
+        Ok(match last {
+            Some(last) if last >= seq => last + 1,
+            _ => seq,
+        })
+    };
     let store_file = store_file.to_path_buf();
     let mut totals = Totals::default();
     let mut kept = Vec::new();
@@ -145,6 +171,9 @@ pub(super) fn verify_frames(
                 if frame.seq < meta.first_seq {
                     continue;
                 }
+                if frame.seq > next {
+                    next = past_lost(meta.id, next)?.min(frame.seq);
+                }
                 if frame.seq != next {
                     return Err(damaged(
                         &store_file,
@@ -160,6 +189,9 @@ pub(super) fn verify_frames(
                 totals.frames += 1;
                 totals.bytes += frame.payload.len() as u64;
             }
+        }
+        if next <= meta.last_seq {
+            next = past_lost(meta.id, next)?.min(meta.last_seq + 1);
         }
         if next != meta.last_seq + 1 {
             return Err(damaged(

@@ -107,6 +107,7 @@ mod chunk;
 mod overlay;
 mod read;
 mod recovery;
+pub mod repair;
 mod schema;
 #[cfg(feature = "test-hooks")]
 mod test_hooks;

@@ -12,7 +12,7 @@ use super::chunk::{
     chunk_bytes, chunk_holding, corrupt_chunk, corrupt_frame, ChunkIter, FrameSink, StoredFrame,
 };
 use super::schema::{
-    ProducerState, StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, META,
+    ProducerState, StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, LOST, META,
     META_NEXT_STREAM_ID, PRODUCERS, STEPS, STREAMS,
 };
 use super::{guard_db, storage, Store};
@@ -250,10 +250,11 @@ impl Store {
             let (key, value) = item.map_err(|e| self.fail(e))?;
             let (_, first) = key.value();
             if first > reader.next_seq {
-                return Err(Error::Storage(format!(
-                    "stream {stream:?} is missing frame {} (the next stored chunk starts at {first})",
-                    reader.next_seq
-                )));
+                if reader.frames > 0 {
+                    // The frames up to a lost range; the next read meets it.
+                    break;
+                }
+                return self.past_lost(txn, stream, &meta, from_seq, chunk);
             }
             let Some(bytes) = chunk_bytes(value.value(), &self.log, &mut kept, &stream, first)?
             else {
@@ -264,12 +265,45 @@ impl Store {
             }
         }
         if reader.frames == 0 {
-            return Err(Error::Storage(format!(
-                "stream {stream:?} is missing frame {from_seq} (retained {}..={})",
-                meta.first_seq, meta.last_seq
-            )));
+            return self.past_lost(txn, stream, &meta, from_seq, chunk);
         }
         Ok(Some(chunk))
+    }
+
+    /// A read of `stream` from `from_seq` that found no frame there: when
+    /// `tetherd repair` recorded the seq lost, `chunk` empty with its first
+    /// seq just past the lost range (the reader's gap notice), else the
+    /// frame is missing for no known reason, which is an error.
+    fn past_lost<S>(
+        &self,
+        txn: &ReadTransaction,
+        stream: &str,
+        meta: &StreamMeta,
+        from_seq: u64,
+        mut chunk: ReadChunk<S>,
+    ) -> Result<Option<ReadChunk<S>>> {
+        let lost = match txn.open_table(LOST) {
+            Ok(table) => table
+                .range((meta.id, 0)..=(meta.id, from_seq))
+                .map_err(|e| self.fail(e))?
+                .next_back()
+                .transpose()
+                .map_err(|e| self.fail(e))?
+                .map(|(_, last)| last.value())
+                .filter(|&last| last >= from_seq),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(self.fail(e)),
+        };
+        match lost {
+            Some(last) => {
+                chunk.first_seq = last + 1;
+                Ok(Some(chunk))
+            }
+            None => Err(Error::Storage(format!(
+                "stream {stream:?} is missing frame {from_seq} (retained {}..={})",
+                meta.first_seq, meta.last_seq
+            ))),
+        }
     }
 
     /// The timestamp of one frame, `None` when it is not stored.

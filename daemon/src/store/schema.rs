@@ -37,6 +37,12 @@ pub(super) const CHECKPOINTS: TableDefinition<'_, (&str, u64), &[u8]> =
     TableDefinition::new("checkpoints");
 pub(super) const STEPS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("steps");
 
+/// Seq ranges `tetherd repair` found lost: (stream id, first seq) to the
+/// range's last seq. Readers get a gap notice over them; `check` accepts
+/// them. Only a repaired store has the table: a build that does not know
+/// it reads the store as before and finds the holes.
+pub(super) const LOST: TableDefinition<'_, (u64, u64), u64> = TableDefinition::new("lost");
+
 pub(super) const META_SCHEMA_VERSION: &str = "schema_version";
 pub(super) const META_NEXT_STREAM_ID: &str = "next_stream_id";
 /// The number of the last write-ahead log record this state includes (see

@@ -101,19 +101,6 @@ fn corrupt(file: &Path) -> String {
     )
 }
 
-/// The lowest and highest `line-NNNNNNN` numbers in `bytes`: a record's
-/// frames, by seq (line `n` is seq `n`).
-fn line_numbers(bytes: &[u8]) -> (u64, u64) {
-    let numbers: Vec<u64> = bytes
-        .windows(12)
-        .filter(|w| w.starts_with(b"line-") && w[5..].iter().all(u8::is_ascii_digit))
-        .map(|w| std::str::from_utf8(&w[5..]).unwrap().parse().unwrap())
-        .collect();
-    let first = *numbers.iter().min().expect("the record holds no line");
-    let last = *numbers.iter().max().unwrap();
-    (first, last)
-}
-
 /// The log's records, at least `at_least` of them.
 fn log_records(sb: &Sandbox, at_least: usize) -> Vec<Record> {
     let records = damage::records(&log_file(sb));
@@ -177,7 +164,7 @@ fn a_record_whose_chunks_the_store_reads_from_the_log_failing_is_damage_naming_i
 
     let records = log_records(&sb, 5);
     let victim = records[records.len() / 2].clone();
-    let (first, last) = line_numbers(&damage::body(&log_file(&sb), &victim));
+    let (first, last) = damage::line_numbers(&damage::body(&log_file(&sb), &victim));
     damage::flip_byte(&log_file(&sb), victim.body_offset() + victim.body_len / 2);
     let expected = format!(
         "{}a record whose chunks the store reads from the log fails its check; affected: \
@@ -301,11 +288,14 @@ fn a_torn_tail_after_a_crash_is_dropped_and_every_commit_before_it_kept() {
     let torn = records.last().unwrap().clone();
     let before_it = &records[records.len() - 2];
     assert_eq!(
-        line_numbers(&damage::body(&log, &torn)),
+        damage::line_numbers(&damage::body(&log, &torn)),
         (all, all),
         "the last record should be the last commit"
     );
-    assert_eq!(line_numbers(&damage::body(&log, before_it)), (kept, kept));
+    assert_eq!(
+        damage::line_numbers(&damage::body(&log, before_it)),
+        (kept, kept)
+    );
     // What a crash in the middle of writing it over the log's zeros
     // leaves: its second half never reached the disk.
     damage::zero(&log, torn.body_offset() + torn.body_len / 2, torn.end());

@@ -20,6 +20,7 @@ mod fault_corrupt_store;
 mod fault_damage;
 mod fault_degraded;
 mod fault_disk_full;
+mod fault_repair;
 mod fault_soak;
 mod publish_tail;
 mod remote_access;

@@ -4,6 +4,8 @@
 //! shown in UTC with exactly six fractional digits (the stored precision),
 //! so that they sort as text, and ages are rounded down to one unit
 //! (`5s`, `3m`, `2h`, `4d`) because a table cell has no room for more.
+//! Directory names carry a compact UTC time to the second
+//! (`20261125T174012Z`), with no colons to quote in a shell.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -41,6 +43,26 @@ impl fmt::Display for Rfc3339 {
         write!(
             f,
             "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+            rem / 3600,
+            rem / 60 % 60,
+            rem % 60
+        )
+    }
+}
+
+/// Microseconds since the Unix epoch, shown as a compact UTC time to the
+/// second for file names: `20261125T174012Z`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactUtc(pub u64);
+
+impl fmt::Display for CompactUtc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.0 / 1_000_000;
+        let (year, month, day) = civil_from_days(secs / 86_400);
+        let rem = secs % 86_400;
+        write!(
+            f,
+            "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
             rem / 3600,
             rem / 60 % 60,
             rem % 60
@@ -89,6 +111,10 @@ mod tests {
         for (micros, text) in cases {
             assert_eq!(Rfc3339(micros).to_string(), text, "{micros}");
         }
+        assert_eq!(
+            CompactUtc(1_764_092_412_999_999).to_string(),
+            "20251125T174012Z"
+        );
     }
 
     #[test]

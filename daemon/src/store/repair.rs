@@ -1,0 +1,860 @@
+//! `tetherd repair`: the one way past damage. It copies the store's files
+//! to `damaged-<UTC time>/`, builds a new store from every record that
+//! verifies (the store file's tables, then the log's records, read on past
+//! damage), records each seq range lost so that readers get a gap notice
+//! over it, and puts the new files in place of the old ones.
+//!
+//! A seq is never given twice: each stream goes on above every seq that a
+//! surviving record or consumer ack names. Where log records were lost
+//! after the last one naming a stream, its last seq is unknown: it skips
+//! ahead by the most frames the lost bytes could hold, and that range is
+//! recorded lost too.
+//!
+//! The new store is built in `repair.new/` beside the old one; a `done`
+//! file there says it is whole, and only then are the files renamed into
+//! place. A repair stopped before that leaves the old files as they were;
+//! one stopped while renaming is finished by the next `tetherd repair`,
+//! and the daemon refuses to start meanwhile.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tether_protocol::time::{now_micros, CompactUtc};
+
+use super::chunk::{chunk_bytes, ChunkIter};
+use super::schema::{
+    StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, LOST, META, META_NEXT_STREAM_ID,
+    PRODUCERS, STEPS, STREAMS,
+};
+use super::txn::commit;
+use super::verify::{read_marks, LogMarks};
+use super::{check, guard_db, storage, Store};
+use crate::error::Damage;
+use crate::lock::StateLock;
+use crate::store_io::OsOpener;
+use crate::wal::{self, LogReader, Op, Wal};
+use crate::{Error, Result};
+
+/// Where the new store is built.
+const NEW_DIR: &str = "repair.new";
+
+/// In [`NEW_DIR`]: the new store is whole and goes into place; it holds
+/// the repair's report.
+const DONE: &str = "done";
+
+/// The fewest bytes of a log record that one frame takes (its head in a
+/// chunk: a time, a kind and a length, a byte each at least). Lost bytes
+/// held at most their count over this many frames.
+const MIN_FRAME_BYTES: u64 = 3;
+
+/// Chunk bytes gathered before they are written to the new store.
+const BATCH_BYTES: usize = 16 * 1024 * 1024;
+
+/// The store file's name in the state directory (the log's is the same
+/// with `wal`).
+const STORE_FILE: &str = "tether.redb";
+
+/// Repairs the store in `state_dir` (see the module docs) and returns its
+/// report: what was damaged, where the damaged files were copied, and
+/// what was lost per stream. A whole store is left as it is.
+pub fn run(state_dir: &Path, log_capacity: u64) -> Result<String> {
+    if !state_dir.is_dir() {
+        return Err(Error::Config(format!(
+            "no state directory {}",
+            state_dir.display()
+        )));
+    }
+    // A running daemon holds it: [`Error::AlreadyRunning`], nothing done.
+    let _lock = StateLock::acquire(state_dir)?;
+    if let Some(report) = finish_interrupted(state_dir)? {
+        return Ok(format!(
+            "finished an interrupted repair: its new store is now in place\n{report}"
+        ));
+    }
+    let store = state_dir.join(STORE_FILE);
+    let log = store.with_extension("wal");
+    let files: Vec<PathBuf> = [&store, &log]
+        .into_iter()
+        .filter(|path| fs::symlink_metadata(path).is_ok())
+        .cloned()
+        .collect();
+    if files.is_empty() {
+        return Ok(format!(
+            "nothing to repair: {} holds no store",
+            state_dir.display()
+        ));
+    }
+    let damage = match check::verify_dir(state_dir) {
+        Ok(summary) => return Ok(format!("nothing to repair: the store is whole ({summary})")),
+        Err(e) if e.is_damage() => e.to_string(),
+        Err(e) => return Err(e),
+    };
+    ensure_room(state_dir, &files)?;
+    let copied = copy_damaged(state_dir, &files)?;
+    let new_dir = state_dir.join(NEW_DIR);
+    if new_dir.exists() {
+        fs::remove_dir_all(&new_dir).map_err(|e| io_error("cannot remove", &new_dir, e))?;
+    }
+    create_private_dir(&new_dir)?;
+    let rebuilt = rebuild(&store, &log, &new_dir.join(STORE_FILE), log_capacity)?;
+    let report = rebuilt.report(&damage, &copied);
+    let done = new_dir.join(DONE);
+    write_synced(&done, report.as_bytes())?;
+    sync_dir(&new_dir)?;
+    put_in_place(state_dir)?;
+    Ok(report)
+}
+
+/// Refuses to start on a state directory whose repair was stopped while
+/// its new store was being put in place: `tetherd repair` finishes it.
+pub fn refuse_interrupted(state_dir: &Path) -> Result<()> {
+    let done = state_dir.join(NEW_DIR).join(DONE);
+    if done.exists() {
+        return Err(Error::Damaged(Box::new(Damage {
+            file: state_dir.join(STORE_FILE),
+            offset: None,
+            what: "a repair was stopped while putting its new store in place".into(),
+            affected: "the whole store until `tetherd repair` finishes it".into(),
+        })));
+    }
+    Ok(())
+}
+
+/// Finishes a repair stopped after its new store was whole: returns that
+/// repair's report. A repair stopped before is thrown away (the old files
+/// were not touched).
+fn finish_interrupted(state_dir: &Path) -> Result<Option<String>> {
+    let new_dir = state_dir.join(NEW_DIR);
+    let done = new_dir.join(DONE);
+    match fs::read_to_string(&done) {
+        Ok(report) => {
+            put_in_place(state_dir)?;
+            Ok(Some(report))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if new_dir.exists() {
+                fs::remove_dir_all(&new_dir).map_err(|e| io_error("cannot remove", &new_dir, e))?;
+            }
+            Ok(None)
+        }
+        Err(e) => Err(io_error("cannot read", &done, e)),
+    }
+}
+
+/// Renames the new store's files over the old ones, then removes the
+/// build directory. Run again after a stop, it goes on where it was: a
+/// file already moved is not in the build directory any more.
+fn put_in_place(state_dir: &Path) -> Result<()> {
+    let new_dir = state_dir.join(NEW_DIR);
+    let new_store = new_dir.join(STORE_FILE);
+    for from in [new_store.clone(), new_store.with_extension("wal")] {
+        let Some(name) = from.file_name() else {
+            continue;
+        };
+        let to = state_dir.join(name);
+        if from.exists() {
+            fs::rename(&from, &to).map_err(|e| io_error("cannot move the new file to", &to, e))?;
+        } else if name == "tether.wal" && !to.exists() {
+            // A new log not made (nothing to copy) is an empty one.
+            write_synced(&to, &[])?;
+        }
+    }
+    sync_dir(state_dir)?;
+    fs::remove_dir_all(&new_dir).map_err(|e| io_error("cannot remove", &new_dir, e))?;
+    sync_dir(state_dir)
+}
+
+/// Refuses, with nothing changed, when the copy of `files` and a new
+/// store as large cannot both fit on the disk of `state_dir`.
+fn ensure_room(state_dir: &Path, files: &[PathBuf]) -> Result<()> {
+    let size: u64 = files
+        .iter()
+        .map(|f| fs::metadata(f).map_or(0, |m| m.len()))
+        .sum();
+    let needed = size.saturating_mul(2);
+    let stat = rustix::fs::statvfs(state_dir)
+        .map_err(|e| io_error("cannot read the free space of", state_dir, e.into()))?;
+    let free = stat.f_bavail.saturating_mul(stat.f_frsize);
+    if free < needed {
+        return Err(Error::DiskFull {
+            detail: format!(
+                "repair needs {needed} bytes free in {} (a copy of the damaged files, {size} \
+                 bytes, and a new store at most as large) and {free} are; nothing was changed",
+                state_dir.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Copies `files` into a new `damaged-<UTC time>/` of `state_dir`, synced;
+/// returns that directory.
+fn copy_damaged(state_dir: &Path, files: &[PathBuf]) -> Result<PathBuf> {
+    let stamp = CompactUtc(now_micros());
+    let mut dir = state_dir.join(format!("damaged-{stamp}"));
+    let mut n = 1;
+    while dir.exists() {
+        n += 1;
+        dir = state_dir.join(format!("damaged-{stamp}-{n}"));
+    }
+    create_private_dir(&dir)?;
+    for file in files {
+        let Some(name) = file.file_name() else {
+            continue;
+        };
+        let to = dir.join(name);
+        fs::copy(file, &to).map_err(|e| io_error("cannot copy the damaged file to", &to, e))?;
+        fs::File::open(&to)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| io_error("cannot sync", &to, e))?;
+    }
+    sync_dir(&dir)?;
+    sync_dir(state_dir)?;
+    Ok(dir)
+}
+
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io_error("cannot create", dir, e))
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.sync_all()
+        })
+        .map_err(|e| io_error("cannot write", path, e))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error("cannot sync the directory", dir, e))
+}
+
+fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
+    Error::io(format!("{what} {}", path.display()), e)
+}
+
+/// What the new store got, and what was lost on the way.
+#[derive(Debug, Default)]
+struct Rebuilt {
+    /// Seq ranges lost, per stream name.
+    lost: BTreeMap<String, Vec<(u64, u64)>>,
+    /// What else was lost, in sentences.
+    notes: Vec<String>,
+    /// The store file could not be read at all: streams the log does not
+    /// name are lost without a trace.
+    store_lost: bool,
+    streams: u64,
+    frames: u64,
+    bytes: u64,
+}
+
+impl Rebuilt {
+    fn report(&self, damage: &str, copied: &Path) -> String {
+        let mut out = format!(
+            "the store was damaged: {damage}\ncopied the damaged files to {}\n",
+            copied.display()
+        );
+        if self.lost.is_empty() {
+            if !self.store_lost {
+                out.push_str("lost: no frame of any stream\n");
+            }
+        } else {
+            out.push_str("lost, per stream:\n");
+            for (name, ranges) in &self.lost {
+                let ranges: Vec<String> = ranges
+                    .iter()
+                    .map(|&(first, last)| {
+                        if first == last {
+                            format!("{first}")
+                        } else {
+                            format!("{first}..{last}")
+                        }
+                    })
+                    .collect();
+                out.push_str(&format!("  {name}: seqs {}\n", ranges.join(", ")));
+            }
+        }
+        for note in &self.notes {
+            out.push_str(&format!("lost: {note}\n"));
+        }
+        out.push_str(&format!(
+            "repaired: {} streams, {} frames, {} bytes kept",
+            self.streams, self.frames, self.bytes
+        ));
+        out
+    }
+}
+
+/// Builds the new store at `new_path` from what verifies of the store
+/// file `old_store` and the log `old_log`.
+fn rebuild(
+    old_store: &Path,
+    old_log: &Path,
+    new_path: &Path,
+    log_capacity: u64,
+) -> Result<Rebuilt> {
+    let new = Store::open_with_log(new_path, log_capacity)?;
+    let mut build = Build::new(&new);
+    let has_data = fs::metadata(old_store).is_ok_and(|m| m.len() > 0);
+    let old_db = if has_data {
+        match check::open_under_overlay(old_store) {
+            Ok(db) => Some(db),
+            Err(e) => {
+                build.notes.push(format!(
+                    "the store file could not be opened ({e}): every frame it held but the \
+                     log did not, and every stream the log does not name"
+                ));
+                build.store_lost = true;
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let marks = match old_db.as_ref().map(read_marks).transpose() {
+        Ok(marks) => marks.unwrap_or_default(),
+        Err(e) => {
+            build.notes.push(format!(
+                "the store's marks for its log could not be read ({e}): the log was read \
+                 from its start"
+            ));
+            LogMarks::default()
+        }
+    };
+    let capacity = marks.capacity.unwrap_or(log_capacity);
+    let log = match Wal::open_read(old_log, capacity, &OsOpener) {
+        Ok(log) => Some(log),
+        Err(e) => {
+            if old_db.is_some() {
+                build.notes.push(format!("the log could not be read ({e})"));
+            }
+            None
+        }
+    };
+    if let Some(db) = &old_db {
+        build.copy_store(db, log.as_ref().map(Wal::reader))?;
+    }
+    // Where the last seq of a stream may have been lost with the log:
+    // (the number of the last record lost, the bytes lost).
+    let doubt = match &log {
+        Some(log) => {
+            let salvaged = log.salvage(marks.applied, marks.resume, |number, body| {
+                build.apply_record(number, body)
+            })?;
+            let bytes: u64 = salvaged.lost.iter().map(|l| l.bytes).sum();
+            salvaged.lost.last().map(|l| (l.last, bytes))
+        }
+        // The records the store did not hold are gone, however many.
+        None if old_db.is_some() => Some((u64::MAX, capacity)),
+        None => None,
+    };
+    build.flush()?;
+    let rebuilt = build.finish(doubt)?;
+    new.close()?;
+    Ok(rebuilt)
+}
+
+/// A change to the new store waiting in a batch.
+enum Change {
+    Chunk { key: (u64, u64), bytes: Vec<u8> },
+    RemoveChunksBelow { stream_id: u64, below: u64 },
+}
+
+/// The new store being built.
+struct Build<'s> {
+    new: &'s Store,
+    /// Every stream by id: its name and its latest metadata.
+    streams: HashMap<u64, (String, StreamMeta)>,
+    /// The number of the last log record that named each stream.
+    named_in: HashMap<u64, u64>,
+    producers: BTreeMap<(u64, String), (u64, u64)>,
+    consumers: BTreeMap<(u64, String), u64>,
+    next_stream_id: u64,
+    batch: Vec<Change>,
+    batch_bytes: usize,
+    notes: Vec<String>,
+    store_lost: bool,
+}
+
+impl<'s> Build<'s> {
+    fn new(new: &'s Store) -> Self {
+        Build {
+            new,
+            streams: HashMap::new(),
+            named_in: HashMap::new(),
+            producers: BTreeMap::new(),
+            consumers: BTreeMap::new(),
+            next_stream_id: 1,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            notes: Vec::new(),
+            store_lost: false,
+        }
+    }
+
+    /// Copies what can be read of the old store file: every stream's
+    /// metadata and every chunk that verifies (chunks kept in the old log
+    /// read through `log`), and the other tables whole.
+    fn copy_store(&mut self, db: &Database, log: Option<LogReader>) -> Result<()> {
+        let txn = db.begin_read().map_err(storage)?;
+        let mut ids = Vec::new();
+        self.read_table(
+            &txn,
+            STREAMS,
+            "streams",
+            |build, name, meta| match postcard::from_bytes::<StreamMeta>(meta) {
+                Ok(meta) => {
+                    ids.push(meta.id);
+                    build.streams.insert(meta.id, (name.to_owned(), meta));
+                }
+                Err(e) => build.notes.push(format!(
+                    "stream {name:?}: its metadata does not decode ({e}); its frames were \
+                     dropped"
+                )),
+            },
+        );
+        let chunks = match txn.open_table(CHUNKS) {
+            Ok(chunks) => Some(chunks),
+            Err(e) => {
+                self.notes
+                    .push(format!("the store's chunks could not be read ({e})"));
+                None
+            }
+        };
+        let mut kept = Vec::new();
+        for id in ids.iter().copied().filter(|_| chunks.is_some()) {
+            let Some(chunks) = &chunks else { break };
+            let range = match chunks.range((id, 0)..=(id, u64::MAX)) {
+                Ok(range) => range,
+                Err(e) => {
+                    self.note_unreadable(id, &e.to_string());
+                    continue;
+                }
+            };
+            for item in range {
+                let (key, value) = match item {
+                    Ok(item) => item,
+                    Err(e) => {
+                        // The rest of the stream's chunks sit behind the
+                        // page that failed.
+                        self.note_unreadable(id, &e.to_string());
+                        break;
+                    }
+                };
+                let (_, first) = key.value();
+                let bytes = match &log {
+                    Some(log) => chunk_bytes(value.value(), log, &mut kept, &"", first)
+                        .ok()
+                        .flatten(),
+                    None => super::chunk::InLog::parse(value.value())
+                        .is_none()
+                        .then_some(value.value()),
+                };
+                if let Some(bytes) = bytes.filter(|b| chunk_verifies(first, b)) {
+                    let bytes = bytes.to_vec();
+                    self.push(Change::Chunk {
+                        key: (id, first),
+                        bytes,
+                    })?;
+                }
+            }
+        }
+        self.read_table(&txn, PRODUCERS, "producers", |build, (id, name), state| {
+            build.producers.insert((id, name.to_owned()), state);
+        });
+        self.read_table(&txn, CONSUMERS, "consumers", |build, (id, name), acked| {
+            build.consumers.insert((id, name.to_owned()), acked);
+        });
+        let mut next = None;
+        self.read_table(&txn, META, "meta", |_, key, value| {
+            if key == META_NEXT_STREAM_ID {
+                next = Some(value);
+            }
+        });
+        self.next_stream_id = self.next_stream_id.max(next.unwrap_or(1));
+        // Executions, checkpoints and step results, whole.
+        let mut executions = Vec::new();
+        self.read_table(&txn, EXECUTIONS, "executions", |_, id, manifest| {
+            executions.push((id.to_owned(), manifest.to_vec()));
+        });
+        let mut checkpoints = Vec::new();
+        self.read_table(&txn, CHECKPOINTS, "checkpoints", |_, (id, n), record| {
+            checkpoints.push((id.to_owned(), n, record.to_vec()));
+        });
+        let mut steps = Vec::new();
+        self.read_table(&txn, STEPS, "step results", |_, (id, step), result| {
+            steps.push((id.to_owned(), step.to_owned(), result.to_vec()));
+        });
+        self.write(|txn| {
+            let mut table = txn.open_table(EXECUTIONS).map_err(storage)?;
+            for (id, manifest) in &executions {
+                table
+                    .insert(id.as_str(), manifest.as_slice())
+                    .map_err(storage)?;
+            }
+            let mut table = txn.open_table(CHECKPOINTS).map_err(storage)?;
+            for (id, n, record) in &checkpoints {
+                table
+                    .insert((id.as_str(), *n), record.as_slice())
+                    .map_err(storage)?;
+            }
+            let mut table = txn.open_table(STEPS).map_err(storage)?;
+            for (id, step, result) in &steps {
+                table
+                    .insert((id.as_str(), step.as_str()), result.as_slice())
+                    .map_err(storage)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn note_unreadable(&mut self, id: u64, why: &str) {
+        let name = self
+            .streams
+            .get(&id)
+            .map_or_else(|| format!("#{id}"), |(name, _)| format!("{name:?}"));
+        self.notes.push(format!(
+            "stream {name}: some of its chunks could not be read ({why})"
+        ));
+    }
+
+    /// Hands every entry of the old store's `table` that reads to `each`;
+    /// an entry that does not read ends the table, noted.
+    fn read_table<K, V>(
+        &mut self,
+        txn: &redb::ReadTransaction,
+        table: TableDefinition<'_, K, V>,
+        what: &str,
+        mut each: impl FnMut(&mut Self, K::SelfType<'_>, V::SelfType<'_>),
+    ) where
+        K: redb::Key + 'static,
+        V: redb::Value + 'static,
+    {
+        let table = match txn.open_table(table) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return,
+            Err(e) => {
+                self.notes
+                    .push(format!("the store's {what} could not be read ({e})"));
+                return;
+            }
+        };
+        let iter = match table.iter() {
+            Ok(iter) => iter,
+            Err(e) => {
+                self.notes
+                    .push(format!("the store's {what} could not be read ({e})"));
+                return;
+            }
+        };
+        for item in iter {
+            match item {
+                Ok((key, value)) => each(self, key.value(), value.value()),
+                Err(e) => {
+                    self.notes.push(format!(
+                        "some of the store's {what} could not be read ({e})"
+                    ));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Applies one log record's changes: chunks that verify go into the
+    /// new store, the rest is gathered.
+    fn apply_record(&mut self, number: u64, body: &[u8]) -> Result<()> {
+        for op in wal::ops(body) {
+            let op = match op {
+                Ok(op) => op,
+                Err(e) => {
+                    self.notes.push(format!(
+                        "a change in log record {number} does not decode ({e})"
+                    ));
+                    break;
+                }
+            };
+            match op {
+                Op::Stream { name, meta } => match postcard::from_bytes::<StreamMeta>(meta.0) {
+                    Ok(meta) => {
+                        self.named_in.insert(meta.id, number);
+                        self.streams.insert(meta.id, (name.to_owned(), meta));
+                    }
+                    Err(e) => self.notes.push(format!(
+                        "stream {name:?}: its metadata in log record {number} does not decode \
+                         ({e})"
+                    )),
+                },
+                Op::Chunk {
+                    stream_id,
+                    first_seq,
+                    chunk,
+                } => {
+                    if chunk_verifies(first_seq, chunk.0) {
+                        self.push(Change::Chunk {
+                            key: (stream_id, first_seq),
+                            bytes: chunk.0.to_vec(),
+                        })?;
+                    }
+                }
+                Op::RemoveChunksBelow { stream_id, below } => {
+                    self.push(Change::RemoveChunksBelow { stream_id, below })?;
+                }
+                Op::Producer {
+                    stream_id,
+                    producer,
+                    producer_seq,
+                    seq,
+                } => {
+                    self.producers
+                        .insert((stream_id, producer.to_owned()), (producer_seq, seq));
+                }
+                Op::Consumer {
+                    stream_id,
+                    consumer,
+                    acked_through,
+                } => {
+                    self.consumers
+                        .insert((stream_id, consumer.to_owned()), acked_through);
+                }
+                Op::NextStreamId(id) => self.next_stream_id = self.next_stream_id.max(id),
+            }
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, change: Change) -> Result<()> {
+        if let Change::Chunk { bytes, .. } = &change {
+            self.batch_bytes += bytes.len();
+        }
+        self.batch.push(change);
+        if self.batch_bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the batch to the new store.
+    fn flush(&mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        self.batch_bytes = 0;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.write(|txn| {
+            let mut chunks = txn.open_table(CHUNKS).map_err(storage)?;
+            for change in &batch {
+                match change {
+                    Change::Chunk { key, bytes } => {
+                        chunks.insert(*key, bytes.as_slice()).map_err(storage)?;
+                    }
+                    Change::RemoveChunksBelow { stream_id, below } => chunks
+                        .retain_in((*stream_id, 0)..(*stream_id, *below), |_, _| false)
+                        .map_err(storage)?,
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// One durable write transaction on the new store.
+    fn write(&self, f: impl FnOnce(&redb::WriteTransaction) -> Result<()>) -> Result<()> {
+        let guard = self.new.handle()?;
+        let db = guard_db(&guard)?;
+        let txn = db.begin_write().map_err(storage)?;
+        match f(&txn) {
+            Ok(()) => commit(txn),
+            Err(e) => {
+                super::txn::abort(txn);
+                Err(e)
+            }
+        }
+    }
+
+    /// Settles every stream: its frames counted, the seqs missing between
+    /// its first and last recorded lost, its last seq above every seq
+    /// named anywhere (and further ahead when `doubt`, the number of the
+    /// last log record lost and the bytes lost, says records naming it may
+    /// be gone); chunks of streams whose name was lost dropped.
+    fn finish(mut self, doubt: Option<(u64, u64)>) -> Result<Rebuilt> {
+        let mut rebuilt = Rebuilt {
+            notes: std::mem::take(&mut self.notes),
+            store_lost: self.store_lost,
+            ..Rebuilt::default()
+        };
+        let skip = doubt.map_or(0, |(_, bytes)| bytes / MIN_FRAME_BYTES + 1);
+        let mut named: Vec<(u64, (String, StreamMeta))> = self.streams.drain().collect();
+        named.sort_by_key(|(id, _)| *id);
+        let mut settled = Vec::new();
+        for (id, (name, mut meta)) in named {
+            let present = self.present(id, meta.first_seq)?;
+            let mut last = meta.last_seq.max(present.last);
+            for ((stream, _), &(_, seq)) in &self.producers {
+                if *stream == id {
+                    last = last.max(seq);
+                }
+            }
+            for ((stream, _), &acked) in &self.consumers {
+                if *stream == id {
+                    last = last.max(acked);
+                }
+            }
+            let in_doubt =
+                doubt.is_some_and(|(lost, _)| self.named_in.get(&id).is_none_or(|&n| n < lost));
+            if in_doubt {
+                last = last.saturating_add(skip);
+            }
+            let mut lost = present.holes;
+            let tail_from = present.last.max(meta.first_seq.saturating_sub(1)) + 1;
+            if tail_from <= last {
+                lost.push((tail_from, last));
+            }
+            meta.last_seq = last;
+            meta.frames = present.frames;
+            meta.bytes = present.bytes;
+            rebuilt.streams += 1;
+            rebuilt.frames += present.frames;
+            rebuilt.bytes += present.bytes;
+            self.next_stream_id = self.next_stream_id.max(id + 1);
+            if !lost.is_empty() {
+                rebuilt.lost.insert(name.clone(), lost.clone());
+            }
+            settled.push((id, name, meta, lost));
+        }
+        let known: std::collections::HashSet<u64> =
+            settled.iter().map(|(id, _, _, _)| *id).collect();
+        let orphans = self.orphans(&known)?;
+        for (id, frames) in &orphans {
+            rebuilt.notes.push(format!(
+                "{frames} frames of stream #{id}, whose name was lost with the records that \
+                 named it"
+            ));
+        }
+        self.write(|txn| {
+            let mut streams = txn.open_table(STREAMS).map_err(storage)?;
+            let mut lost_table = txn.open_table(LOST).map_err(storage)?;
+            for (id, name, meta, lost) in &settled {
+                let bytes = postcard::to_allocvec(meta)
+                    .map_err(|e| Error::Storage(format!("cannot encode stream {name:?}: {e}")))?;
+                streams
+                    .insert(name.as_str(), bytes.as_slice())
+                    .map_err(storage)?;
+                for &(first, last) in lost {
+                    lost_table.insert((*id, first), last).map_err(storage)?;
+                }
+            }
+            let mut chunks = txn.open_table(CHUNKS).map_err(storage)?;
+            for (id, _) in &orphans {
+                chunks
+                    .retain_in((*id, 0)..=(*id, u64::MAX), |_, _| false)
+                    .map_err(storage)?;
+            }
+            let mut producers = txn.open_table(PRODUCERS).map_err(storage)?;
+            for ((id, name), &(producer_seq, seq)) in &self.producers {
+                if known.contains(id) {
+                    producers
+                        .insert((*id, name.as_str()), (producer_seq, seq))
+                        .map_err(storage)?;
+                }
+            }
+            let mut consumers = txn.open_table(CONSUMERS).map_err(storage)?;
+            for ((id, name), &acked) in &self.consumers {
+                if known.contains(id) {
+                    consumers
+                        .insert((*id, name.as_str()), acked)
+                        .map_err(storage)?;
+                }
+            }
+            txn.open_table(META)
+                .map_err(storage)?
+                .insert(META_NEXT_STREAM_ID, self.next_stream_id)
+                .map_err(storage)?;
+            Ok(())
+        })?;
+        Ok(rebuilt)
+    }
+
+    /// The frames of stream `id` the new store holds from `first_seq` on:
+    /// how many, their bytes, the last seq, and the ranges missing
+    /// between them.
+    fn present(&self, id: u64, first_seq: u64) -> Result<Present> {
+        let guard = self.new.handle()?;
+        let db = guard_db(&guard)?;
+        let txn = db.begin_read().map_err(storage)?;
+        let chunks = txn.open_table(CHUNKS).map_err(storage)?;
+        let mut present = Present {
+            last: 0,
+            frames: 0,
+            bytes: 0,
+            holes: Vec::new(),
+        };
+        let mut next = first_seq;
+        for item in chunks.range((id, 0)..=(id, u64::MAX)).map_err(storage)? {
+            let (key, value) = item.map_err(storage)?;
+            let first = key.value().1;
+            let Ok(iter) = ChunkIter::new(first, value.value()) else {
+                continue;
+            };
+            for frame in iter.flatten() {
+                if frame.seq < next {
+                    continue;
+                }
+                if frame.seq > next {
+                    present.holes.push((next, frame.seq - 1));
+                }
+                next = frame.seq + 1;
+                present.last = frame.seq;
+                present.frames += 1;
+                present.bytes += frame.payload.len() as u64;
+            }
+        }
+        Ok(present)
+    }
+
+    /// The stream ids of the new store's chunks that no stream names, with
+    /// their frame counts.
+    fn orphans(&self, known: &std::collections::HashSet<u64>) -> Result<Vec<(u64, u64)>> {
+        let guard = self.new.handle()?;
+        let db = guard_db(&guard)?;
+        let txn = db.begin_read().map_err(storage)?;
+        let chunks = txn.open_table(CHUNKS).map_err(storage)?;
+        let mut orphans: BTreeMap<u64, u64> = BTreeMap::new();
+        for item in chunks.iter().map_err(storage)? {
+            let (key, value) = item.map_err(storage)?;
+            let (id, first) = key.value();
+            if !known.contains(&id) {
+                let count = ChunkIter::new(first, value.value()).map_or(0, |i| i.count() as u64);
+                *orphans.entry(id).or_default() += count;
+            }
+        }
+        Ok(orphans.into_iter().collect())
+    }
+}
+
+/// What [`Build::present`] found of one stream.
+struct Present {
+    last: u64,
+    frames: u64,
+    bytes: u64,
+    holes: Vec<(u64, u64)>,
+}
+
+/// Whether every frame of `chunk` (first seq `first`) decodes.
+fn chunk_verifies(first: u64, chunk: &[u8]) -> bool {
+    ChunkIter::new(first, chunk).is_ok_and(|mut frames| frames.all(|f| f.is_ok()))
+}

@@ -1,0 +1,318 @@
+//! Storage faults, `tetherd repair`: the one way past damage. It copies
+//! the damaged files to `damaged-<UTC time>/`, keeps every record that
+//! verifies, records each lost seq range (a reader resuming into one gets
+//! the gap notice), gives no seq twice, prints the loss per stream and
+//! exits 0; the daemon then starts. It refuses while a daemon runs, and
+//! leaves a whole store as it is.
+
+use std::path::{Path, PathBuf};
+
+use tether_tests::damage::{self, StateSnapshot, LOG_FILE, STORE_FILE};
+use tether_tests::text::{line, lines, wide_lines};
+use tether_tests::{raw, Sandbox};
+
+const STREAM: &str = "s1";
+
+/// A payload's bytes: the line without its newline.
+fn payload_len(n: u64) -> u64 {
+    line(n).len() as u64 - 1
+}
+
+fn log_file(sb: &Sandbox) -> PathBuf {
+    sb.state_dir().join(LOG_FILE)
+}
+
+/// The `damaged-*` directory repair made in the state directory; there
+/// must be exactly one.
+fn damaged_dir(sb: &Sandbox) -> PathBuf {
+    let dirs: Vec<PathBuf> = std::fs::read_dir(sb.state_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("damaged-"))
+        })
+        .collect();
+    assert_eq!(dirs.len(), 1, "one damaged-* directory: {dirs:?}");
+    dirs[0].clone()
+}
+
+/// Runs `tetherd repair` on the damaged store of `sb`: it exits 0, copies
+/// the damaged files byte for byte, and prints exactly the damage, the
+/// copy, then `lost` and `kept` lines. Returns its stdout.
+fn assert_repaired(sb: &Sandbox, lost: &str, kept: &str) -> String {
+    let before = StateSnapshot::take(&sb.state_dir());
+    let refused = damage::check(sb);
+    refused.assert_code(65);
+    let damage = refused
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("tetherd: error: "))
+        .expect("check names the damage")
+        .to_owned();
+    let out = damage::repair(sb);
+    out.assert_success();
+    let copied = damaged_dir(sb);
+    before.assert_same_as(&copied, "tetherd repair's copy");
+    assert_eq!(
+        out.stdout,
+        format!(
+            "the store was damaged: {damage}\ncopied the damaged files to {}\n{lost}{kept}\n",
+            copied.display()
+        )
+    );
+    out.stdout
+}
+
+/// What `tether tail STREAM` prints over a lost range `first..=last` of a
+/// stream ending at `end`.
+fn assert_tail_skips(sb: &Sandbox, first: u64, last: u64, end: u64) {
+    let out = sb.run(&["tail", STREAM]);
+    out.assert_success();
+    let mut expected = if first > 1 {
+        lines(1..=first - 1)
+    } else {
+        String::new()
+    };
+    if last < end {
+        expected.push_str(&lines(last + 1..=end));
+    }
+    assert_eq!(out.stdout, expected);
+    let gap = if first == last {
+        format!("frame {first} was")
+    } else {
+        format!("frames {first}..{last} were")
+    };
+    assert!(
+        out.stderr.contains(&format!(
+            "stream {STREAM}: {gap} compacted; continuing at {}",
+            last + 1
+        )),
+        "tail should give the gap notice for {first}..{last}:\n{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_damaged_record_is_recorded_lost_and_everything_else_kept() {
+    const ALL: u64 = 50_000;
+    let sb = Sandbox::new();
+    let mut d = sb.start_daemon();
+    sb.publish(STREAM, &lines(1..=ALL));
+    assert!(d.terminate().success());
+    let log = log_file(&sb);
+    let records = damage::records(&log);
+    assert!(records.len() >= 5, "{records:?}");
+    let victim = records[records.len() / 2].clone();
+    let (first, last) = damage::line_numbers(&damage::body(&log, &victim));
+    damage::flip_byte(&log, victim.body_offset() + victim.body_len / 2);
+
+    let kept_frames = ALL - (last - first + 1);
+    let kept_bytes: u64 = (1..first).chain(last + 1..=ALL).map(payload_len).sum();
+    assert_repaired(
+        &sb,
+        &format!("lost, per stream:\n  {STREAM}: seqs {first}..{last}\n"),
+        &format!("repaired: 1 streams, {kept_frames} frames, {kept_bytes} bytes kept"),
+    );
+
+    // The daemon starts; a reader gets everything kept and the gap notice
+    // over the lost range; the stream goes on above every seq it had.
+    let mut d = sb.start_daemon();
+    assert_tail_skips(&sb, first, last, ALL);
+    sb.publish(STREAM, &line(ALL + 1));
+    assert_eq!(raw::last_seq(&sb.socket(), STREAM), ALL + 1);
+    assert!(d.terminate().success());
+    let checked = damage::check(&sb);
+    checked.assert_success();
+    let bytes = kept_bytes + payload_len(ALL + 1);
+    assert_eq!(
+        checked.stdout,
+        format!("ok: 1 streams, {} frames, {bytes} bytes\n", kept_frames + 1)
+    );
+}
+
+#[test]
+fn without_its_log_a_stream_skips_ahead_by_what_the_log_could_hold() {
+    let sb = Sandbox::new();
+    let mut d = sb.start_daemon();
+    sb.publish(STREAM, &lines(1..=1000));
+    assert!(d.terminate().success());
+    let log = log_file(&sb);
+    let capacity = std::fs::metadata(&log).unwrap().len();
+    std::fs::remove_file(&log).unwrap();
+
+    // The store file names the stream through seq 1000; the frames were
+    // in the log, and so may later ones have been: the most the log could
+    // hold, at 3 bytes a frame.
+    let last = 1000 + capacity / 3 + 1;
+    assert_repaired(
+        &sb,
+        &format!("lost, per stream:\n  {STREAM}: seqs 1..{last}\nlost: the log could not be read (cannot open the log {}: No such file or directory (os error 2))\n", log.display()),
+        "repaired: 1 streams, 0 frames, 0 bytes kept",
+    );
+    let mut d = sb.start_daemon();
+    sb.publish(STREAM, &line(1));
+    assert_eq!(raw::last_seq(&sb.socket(), STREAM), last + 1);
+    let out = sb.run(&["tail", STREAM]);
+    out.assert_success();
+    assert_eq!(out.stdout, line(1));
+    assert!(d.terminate().success());
+}
+
+#[test]
+fn a_store_file_past_reading_is_rebuilt_from_the_log() {
+    let sb = Sandbox::new();
+    let mut d = sb.start_daemon();
+    for part in 0..4 {
+        let first = part * 250 + 1;
+        sb.publish(STREAM, &lines(first..=first + 249));
+    }
+    assert!(d.terminate().success());
+    let store = sb.state_dir().join(STORE_FILE);
+    damage::truncate(&store, 100_000);
+    let out = damage::repair(&sb);
+    out.assert_success();
+    let bytes: u64 = (1..=1000).map(payload_len).sum();
+    // The log goes round: it holds every commit since the store began.
+    assert!(
+        !out.stdout.contains("lost, per stream")
+            && out.stdout.contains(&format!(
+                "lost: the store file could not be opened (store {} is corrupt or unreadable",
+                store.display()
+            ))
+            && out.stdout.ends_with(&format!(
+                "repaired: 1 streams, 1000 frames, {bytes} bytes kept\n"
+            )),
+        "{}",
+        out.stdout
+    );
+    let mut d = sb.start_daemon();
+    let out = sb.run(&["tail", STREAM]);
+    out.assert_success();
+    assert_eq!(out.stdout, lines(1..=1000));
+    assert!(d.terminate().success());
+}
+
+#[test]
+fn repair_refuses_beside_a_running_daemon_and_leaves_a_whole_store_alone() {
+    let sb = Sandbox::new();
+    let mut d = sb.start_daemon();
+    sb.publish(STREAM, &lines(1..=10));
+    let out = damage::repair(&sb);
+    out.assert_code(1);
+    assert!(
+        out.stderr.contains(&format!(
+            "tetherd: error: state directory {} is in use by tetherd pid {}",
+            sb.state_dir().display(),
+            d.pid()
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stdout, "");
+    assert!(d.terminate().success());
+
+    let before = StateSnapshot::take(&sb.state_dir());
+    let out = damage::repair(&sb);
+    out.assert_success();
+    let bytes: u64 = (1..=10).map(payload_len).sum();
+    assert_eq!(
+        out.stdout,
+        format!(
+            "nothing to repair: the store is whole (ok: 1 streams, 10 frames, {bytes} bytes)\n"
+        )
+    );
+    before.assert_unchanged("tetherd repair on a whole store");
+    assert_no_damaged_dir(&sb.state_dir());
+}
+
+fn assert_no_damaged_dir(dir: &Path) {
+    let any = std::fs::read_dir(dir).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("damaged-")
+    });
+    assert!(!any, "no damaged-* directory should be made");
+}
+
+#[test]
+fn repair_changes_nothing_when_its_copy_would_not_fit_on_the_disk() {
+    let Some((sb, tmpfs)) = crate::fault_disk_full::sandbox_on_a_small_tmpfs() else {
+        return;
+    };
+    tmpfs.resize("8m");
+    let mut d = sb.start_daemon();
+    sb.publish(STREAM, &wide_lines(1..=2500, 1000));
+    assert!(d.terminate().success());
+    let store = sb.state_dir().join(STORE_FILE);
+    let len = std::fs::metadata(&store).unwrap().len();
+    assert!(len > 2 * 1024 * 1024, "the store holds the frames: {len}");
+    for at in (0..len).step_by(64 * 1024) {
+        damage::flip_byte(&store, at);
+    }
+    // Room for half a copy more than the files hold.
+    let size = len + std::fs::metadata(log_file(&sb)).unwrap().len();
+    tmpfs.resize(&format!("{}k", (size + size / 2) / 1024 + 64));
+    let before = StateSnapshot::take(&sb.state_dir());
+    let out = damage::repair(&sb);
+    out.assert_code(1);
+    let error = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("tetherd: error: storage full: repair needs "))
+        .unwrap_or_else(|| panic!("repair should say it needs room:\n{}", out.stderr));
+    assert!(
+        error.ends_with("are; nothing was changed")
+            && error.contains(&format!("free in {} (a copy", sb.state_dir().display())),
+        "{error}"
+    );
+    before.assert_unchanged("tetherd repair refusing for want of room");
+    assert_no_damaged_dir(&sb.state_dir());
+
+    // With room, it goes ahead.
+    tmpfs.resize("64m");
+    damage::repair(&sb).assert_success();
+    damaged_dir(&sb);
+}
+
+#[test]
+fn a_repair_stopped_while_putting_its_store_in_place_is_finished_by_the_next() {
+    // What a repair leaves when stopped after its new store was whole and
+    // before both files were moved: the new log still in `repair.new/`
+    // with the `done` mark holding its report (here, a whole store's log
+    // and an empty report).
+    let sb = Sandbox::new();
+    let mut d = sb.start_daemon();
+    sb.publish(STREAM, &lines(1..=10));
+    assert!(d.terminate().success());
+    let new_dir = sb.state_dir().join("repair.new");
+    std::fs::create_dir(&new_dir).unwrap();
+    std::fs::rename(log_file(&sb), new_dir.join(LOG_FILE)).unwrap();
+    std::fs::write(new_dir.join("done"), "the report\n").unwrap();
+
+    let started = damage::start_refused(&sb);
+    started.assert_code(65);
+    assert!(
+        started.stderr.contains(&format!(
+            "tetherd: error: the store is damaged: {}: a repair was stopped while putting its \
+             new store in place; affected: the whole store until `tetherd repair` finishes it",
+            sb.state_dir().join(STORE_FILE).display()
+        )),
+        "{}",
+        started.stderr
+    );
+    damage::check(&sb).assert_code(65);
+
+    let out = damage::repair(&sb);
+    out.assert_success();
+    assert_eq!(
+        out.stdout,
+        "finished an interrupted repair: its new store is now in place\nthe report\n\n"
+    );
+    assert!(!new_dir.exists());
+    let mut d = sb.start_daemon();
+    assert_eq!(sb.run(&["tail", STREAM]).stdout, lines(1..=10));
+    assert!(d.terminate().success());
+}
