@@ -70,7 +70,8 @@ pub enum Event {
         frame: Frame,
     },
     /// Frames from `requested` up to `first_available - 1` were compacted
-    /// away; the next frame is `first_available`.
+    /// away (or lost to damage and recorded so by `tetherd repair`); the
+    /// next frame is `first_available`.
     Gap(Gap),
     /// A non-following subscription has yielded everything through
     /// `last_seq`. Nothing follows.

@@ -66,6 +66,12 @@ impl Fault {
         })
     }
 
+    /// Whether `other` is the same kind of fault: both a full disk, or
+    /// both the same I/O error (the cause names the file and the error).
+    fn is_like(&self, other: &Fault) -> bool {
+        self.full == other.full && (self.full || self.cause == other.cause)
+    }
+
     /// An I/O failure that no [`Error`] carries (a failed sync of the log,
     /// as the syncer words it: `I/O error on FILE: ...`).
     pub fn io(cause: impl Into<String>) -> Fault {
@@ -125,17 +131,19 @@ pub struct Degradation {
 }
 
 impl Degradation {
-    /// A fault began: logs it once and tells `health`. `cleared_at`: when
-    /// the last one cleared. A fault back within [`LOG_EVERY`] of that (a
-    /// disk hovering at full) is logged only at debug level, beginning and
-    /// end, so that it too costs at most a line or two a minute.
+    /// A fault began: logs it once and tells `health`. `cleared`: when the
+    /// last one cleared, and that fault. The same fault back within
+    /// [`LOG_EVERY`] of that (a disk hovering at full) is logged only at
+    /// debug level, beginning and end, so that it too costs at most a line
+    /// or two a minute; another fault is logged as any.
     pub fn begin(
         fault: Fault,
         health: &StorageHealth,
         now: Instant,
-        cleared_at: Option<Instant>,
+        cleared: Option<(Instant, &Fault)>,
     ) -> Degradation {
-        let quiet = cleared_at.is_some_and(|t| now.duration_since(t) < LOG_EVERY);
+        let quiet = cleared
+            .is_some_and(|(at, last)| now.duration_since(at) < LOG_EVERY && last.is_like(&fault));
         if quiet {
             tracing::debug!("storage degraded again: {}", fault.cause);
         } else {
@@ -180,11 +188,19 @@ impl Degradation {
         self.next_retry = now + RETRY_EVERY;
         if let Some(fault) = fault {
             if fault.cause != self.fault.cause || fault.full != self.fault.full {
+                let changed = !fault.is_like(&self.fault);
                 self.fault = Fault {
                     since: self.fault.since,
                     ..fault
                 };
                 health.set(Some(self.fault.clone()));
+                if changed {
+                    // Another fault: said at once, and its end too.
+                    self.quiet = false;
+                    self.last_logged = now;
+                    tracing::warn!("storage still degraded, now by: {}", self.fault.cause);
+                    return;
+                }
             }
         }
         if now.duration_since(self.last_logged) >= LOG_EVERY {
@@ -198,8 +214,9 @@ impl Degradation {
         }
     }
 
-    /// The store took a write again: logs it once and tells `health`.
-    pub fn clear(self, health: &StorageHealth, now: Instant) {
+    /// The store took a write again: logs it once, tells `health`, and
+    /// returns the fault that cleared.
+    pub fn clear(self, health: &StorageHealth, now: Instant) -> Fault {
         health.set(None);
         let took = now.duration_since(self.began).as_secs_f64();
         if self.quiet {
@@ -210,6 +227,7 @@ impl Degradation {
                 self.fault.cause
             );
         }
+        self.fault
     }
 }
 
@@ -258,6 +276,27 @@ mod tests {
         assert_eq!(shown.since, first.since);
         d.clear(&health, t0 + 2 * RETRY_EVERY);
         assert_eq!(health.fault(), None);
+    }
+
+    #[test]
+    fn only_the_same_fault_back_within_a_minute_is_quiet() {
+        let health = StorageHealth::default();
+        let t0 = Instant::now();
+        let began = Degradation::begin(full(), &health, t0, None);
+        assert!(!began.quiet);
+        let cleared_at = t0 + RETRY_EVERY;
+        let cleared = began.clear(&health, cleared_at);
+        let soon = cleared_at + Duration::from_secs(1);
+        let last = Some((cleared_at, &cleared));
+        assert!(Degradation::begin(full(), &health, soon, last).quiet);
+        let later = cleared_at + LOG_EVERY;
+        assert!(!Degradation::begin(full(), &health, later, last).quiet);
+        let io = Fault::io("I/O error on /s/tether.wal: Input/output error");
+        assert!(!Degradation::begin(io.clone(), &health, soon, last).quiet);
+        // A quiet one that turns into another fault says so, and its end.
+        let mut again = Degradation::begin(full(), &health, soon, last);
+        again.retry_failed(Some(io), &health, soon + RETRY_EVERY);
+        assert!(!again.quiet);
     }
 
     #[test]

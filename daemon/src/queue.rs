@@ -984,8 +984,8 @@ struct Writer {
     /// Consumers' acks received while degraded, by (stream, consumer):
     /// recorded once writing resumes.
     held_acks: BTreeMap<(String, String), u64>,
-    /// When degraded mode last ended.
-    cleared_at: Option<Instant>,
+    /// When degraded mode last ended, and the fault it ended.
+    cleared_at: Option<(Instant, Fault)>,
     /// The last timestamp given to a frame; frames never go back in time.
     last_ts: u64,
     /// Streams that may have frames to compact or expire, oldest first.
@@ -1214,7 +1214,8 @@ impl Writer {
     fn degrade(&mut self, fault: Fault) {
         self.healthy = false;
         if self.degraded.is_none() {
-            let began = Degradation::begin(fault, &self.health, Instant::now(), self.cleared_at);
+            let cleared = self.cleared_at.as_ref().map(|(at, fault)| (*at, fault));
+            let began = Degradation::begin(fault, &self.health, Instant::now(), cleared);
             self.degraded = Some(began);
         }
     }
@@ -1230,8 +1231,8 @@ impl Writer {
         };
         match self.try_storage() {
             Ok(()) => {
-                degraded.clear(&self.health, Instant::now());
-                self.cleared_at = Some(Instant::now());
+                let now = Instant::now();
+                self.cleared_at = Some((now, degraded.clear(&self.health, now)));
                 self.record_held_acks();
             }
             Err(e) => {

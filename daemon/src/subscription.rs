@@ -47,7 +47,8 @@ pub enum SubEvent {
     /// subscription's [`WireForm`]: what the session writes to its socket
     /// as it is. `last_seq` is the last one's seq.
     Encoded { wire: Bytes, last_seq: u64 },
-    /// Frames from `requested` were compacted or expired; the next frame
+    /// Frames from `requested` were compacted, expired or lost to damage
+    /// (a range `tetherd repair` recorded); the next frame
     /// delivered is `first_available`.
     Gap(Gap),
     /// A non-following subscription delivered everything through

@@ -345,7 +345,8 @@ pub enum Response {
     Durable(Durable),
     /// A frame for a non-durable subscription: live, no seq, no replay.
     Live(Frame),
-    /// Frames the subscriber asked for were compacted or expired; the next
+    /// Frames the subscriber asked for were compacted or expired, or lost
+    /// to damage (`tetherd repair` records the range); the next
     /// [`Durable`] has seq `first_available`. Never a silent gap.
     Gap(Gap),
     /// A non-following subscription has delivered everything through

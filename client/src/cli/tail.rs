@@ -218,7 +218,7 @@ impl Printer {
     }
 }
 
-/// `stream S: frames 5..9 were compacted; continuing at 10`.
+/// `stream S: frames 5..9 were compacted or lost; continuing at 10`.
 pub fn gap_message(stream: &str, gap: &Gap) -> String {
     let last_missing = gap.first_available.saturating_sub(1);
     let what = if last_missing <= gap.requested {
@@ -227,7 +227,7 @@ pub fn gap_message(stream: &str, gap: &Gap) -> String {
         format!("frames {}..{last_missing} were", gap.requested)
     };
     format!(
-        "stream {stream}: {what} compacted; continuing at {}",
+        "stream {stream}: {what} compacted or lost; continuing at {}",
         gap.first_available
     )
 }
@@ -280,7 +280,7 @@ mod tests {
         };
         assert_eq!(
             gap_message("s", &gap),
-            "stream s: frames 5..9 were compacted; continuing at 10"
+            "stream s: frames 5..9 were compacted or lost; continuing at 10"
         );
         let gap = Gap {
             requested: 5,
@@ -288,7 +288,7 @@ mod tests {
         };
         assert_eq!(
             gap_message("s", &gap),
-            "stream s: frame 5 was compacted; continuing at 6"
+            "stream s: frame 5 was compacted or lost; continuing at 6"
         );
     }
 
