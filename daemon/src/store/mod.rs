@@ -53,11 +53,12 @@
 //! `chunk_bytes`.
 //!
 //! Schema version 2 introduced chunks; a version 1 file (one row per frame)
-//! is refused with a message naming the versions read, not migrated.
-//! Version 3 lets a chunk value be an [`InLog`](chunk::InLog): a
-//! version-2 store is marked 3 when its log first goes round, so that a
-//! build reading version 2 only refuses it rather than take such a value
-//! for an empty chunk.
+//! is refused with a message naming the versions read, not migrated, and
+//! so is a newer one. Version 3 lets a chunk value be an
+//! [`InLog`](chunk::InLog), which a build reading version 2 would take
+//! for an empty chunk: an older store is copied to
+//! `backup-<version>-<UTC time>/` beside it, then marked with this
+//! build's version, when it is opened.
 //!
 //! # Durability
 //!
@@ -102,6 +103,7 @@ use crate::syncer::Durable;
 use crate::wal::{self, CopyPace, LogReader, Wal};
 use crate::{Error, Result};
 
+mod backup;
 pub mod check;
 mod chunk;
 mod overlay;
@@ -124,7 +126,6 @@ pub use test_hooks::corrupt_checkpoint_for_tests;
 pub use txn::{Deleted, FrameInfo, WriteTxn};
 
 use recovery::{going_round_with, open_database, replay};
-use schema::{LOG_KEEPS_CHUNKS_VERSION, META_SCHEMA_VERSION};
 use txn::{abort, commit, copy_kept_chunks, tables, write_in};
 
 /// The redb database file.
@@ -183,8 +184,30 @@ fn verify_before_writing(
     let log = Wal::open_read(log_path, capacity, opener.as_ref())?;
     let verified = verify::verify_log(&probe, &log);
     drop(log);
+    let version = schema::recorded_version(&probe);
     probe.close().map_err(storage)?;
     verified?;
+    if let Some(version) = version? {
+        schema::check_version(path, version)?;
+        if version < SCHEMA_VERSION {
+            // Upgraded in place (see `init_schema`), so first copied as it
+            // is, for an older build or for a way back.
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let kept = backup::copy_aside(dir, &format!("backup-{version}"), &[path, log_path])
+                .map_err(|e| match e {
+                    Error::Io { context, source } => Error::io(
+                        format!("before upgrading the store from version {version}, {context}"),
+                        source,
+                    ),
+                    other => other,
+                })?;
+            tracing::info!(
+                "upgrading the store from version {version} to {SCHEMA_VERSION}; a copy of it \
+                 as it was is in {}",
+                kept.display()
+            );
+        }
+    }
     // The store verified: what redb's recovery and clean close wrote over
     // the file in memory is written to it, so that opening it again does
     // not recover it a second time.
@@ -284,7 +307,7 @@ impl Store {
             opener,
             headroom,
         };
-        let version = store.init_schema()?;
+        store.init_schema()?;
         if existed {
             // Not going round, the records' frames go into redb's pages; going
             // round, only where they are, a few bytes each.
@@ -305,17 +328,15 @@ impl Store {
             // Only a head start: zeros are written ahead of the records.
             tracing::warn!("{e}");
         }
-        store.settle_log(round.is_some(), version)?;
+        store.settle_log(round.is_some())?;
         Ok(store)
     }
 
     /// Makes the store's durable marks say whether the log goes round, as
     /// [`Wal::prepare`] decided (`marked`: they said it did when the store
     /// was opened): a replay then reads the log the way it was written.
-    /// A log going round marks a store of an older `version` with
-    /// [`LOG_KEEPS_CHUNKS_VERSION`] first. Only a store that changes over
-    /// commits anything.
-    fn settle_log(&self, marked: bool, version: u64) -> Result<()> {
+    /// Only a store that changes over commits anything.
+    fn settle_log(&self, marked: bool) -> Result<()> {
         let ring = {
             let mut log = self.wal();
             if log.is_ring() && !marked {
@@ -323,17 +344,8 @@ impl Store {
             }
             log.is_ring()
         };
-        let mark_version = ring && version < LOG_KEEPS_CHUNKS_VERSION;
-        if ring != marked || mark_version {
-            self.write(|txn| {
-                if mark_version {
-                    txn.meta
-                        .get()?
-                        .insert(META_SCHEMA_VERSION, LOG_KEEPS_CHUNKS_VERSION)
-                        .map_err(storage)?;
-                }
-                Ok(())
-            })?;
+        if ring != marked {
+            self.write(|_| Ok(()))?;
         }
         Ok(())
     }

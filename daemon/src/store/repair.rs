@@ -18,12 +18,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use tether_protocol::time::{now_micros, CompactUtc};
 
+use super::backup::{copy_aside, create_private_dir, io_error, sync_dir, write_synced};
 use super::chunk::{chunk_bytes, ChunkIter};
 use super::schema::{
     StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, LOST, META, META_NEXT_STREAM_ID,
@@ -93,7 +92,8 @@ pub fn run(state_dir: &Path, log_capacity: u64) -> Result<String> {
         Err(e) => return Err(e),
     };
     ensure_room(state_dir, &files)?;
-    let copied = copy_damaged(state_dir, &files)?;
+    let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let copied = copy_aside(state_dir, "damaged", &paths)?;
     let new_dir = state_dir.join(NEW_DIR);
     if new_dir.exists() {
         fs::remove_dir_all(&new_dir).map_err(|e| io_error("cannot remove", &new_dir, e))?;
@@ -188,65 +188,6 @@ fn ensure_room(state_dir: &Path, files: &[PathBuf]) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// Copies `files` into a new `damaged-<UTC time>/` of `state_dir`, synced;
-/// returns that directory.
-fn copy_damaged(state_dir: &Path, files: &[PathBuf]) -> Result<PathBuf> {
-    let stamp = CompactUtc(now_micros());
-    let mut dir = state_dir.join(format!("damaged-{stamp}"));
-    let mut n = 1;
-    while dir.exists() {
-        n += 1;
-        dir = state_dir.join(format!("damaged-{stamp}-{n}"));
-    }
-    create_private_dir(&dir)?;
-    for file in files {
-        let Some(name) = file.file_name() else {
-            continue;
-        };
-        let to = dir.join(name);
-        fs::copy(file, &to).map_err(|e| io_error("cannot copy the damaged file to", &to, e))?;
-        fs::File::open(&to)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| io_error("cannot sync", &to, e))?;
-    }
-    sync_dir(&dir)?;
-    sync_dir(state_dir)?;
-    Ok(dir)
-}
-
-fn create_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| io_error("cannot create", dir, e))
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .and_then(|mut f| {
-            f.write_all(bytes)?;
-            f.sync_all()
-        })
-        .map_err(|e| io_error("cannot write", path, e))
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_error("cannot sync the directory", dir, e))
-}
-
-fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
-    Error::io(format!("{what} {}", path.display()), e)
 }
 
 /// What the new store got, and what was lost on the way.

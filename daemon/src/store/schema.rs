@@ -3,7 +3,9 @@
 //! the tables in a new file, kept together so that a change of layout is
 //! made in one place.
 
-use redb::{ReadableTable, TableDefinition};
+use std::path::Path;
+
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::txn::commit;
@@ -17,13 +19,6 @@ pub const SCHEMA_VERSION: u64 = 3;
 
 /// The oldest layout version this build reads: 2, frames in chunks.
 const OLDEST_SCHEMA_VERSION: u64 = 2;
-
-/// The first layout version whose chunk values may name bytes kept in the
-/// log (an [`InLog`](super::chunk::InLog)), which a build that reads
-/// version 2 only would take for an empty chunk. A version-2 store is
-/// marked so before its log first goes round; one whose log does not go
-/// round stays readable by such a build.
-pub(super) const LOG_KEEPS_CHUNKS_VERSION: u64 = 3;
 
 pub(super) const STREAMS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("streams");
 pub(super) const CHUNKS: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("chunks");
@@ -104,13 +99,14 @@ pub struct ProducerState {
 }
 
 impl Store {
-    /// Creates the tables and checks the schema version; returns it.
-    /// Nothing is committed when the version is wrong.
-    pub(super) fn init_schema(&self) -> Result<u64> {
+    /// Creates the tables and checks the schema version, marking an older
+    /// store (set aside when it was opened) with this build's. Nothing is
+    /// committed when the version is one this build cannot read.
+    pub(super) fn init_schema(&self) -> Result<()> {
         let guard = self.handle()?;
         let db = guard_db(&guard)?;
         let txn = db.begin_write().map_err(storage)?;
-        let version = {
+        {
             txn.open_table(STREAMS).map_err(storage)?;
             txn.open_table(CHUNKS).map_err(storage)?;
             txn.open_table(PRODUCERS).map_err(storage)?;
@@ -126,17 +122,12 @@ impl Store {
                 .map_err(storage)?
                 .map(|v| v.value());
             match version {
-                Some(known) if (OLDEST_SCHEMA_VERSION..=SCHEMA_VERSION).contains(&known) => {}
-                Some(other) => {
-                    return Err(Error::CorruptStore {
-                        path: self.path.clone(),
-                        detail: format!(
-                            "schema version {other}; this build reads versions \
-                             {OLDEST_SCHEMA_VERSION} to {SCHEMA_VERSION} (version 2 stores frames \
-                             in chunks, and older files are not converted; a newer version needs \
-                             a newer build)"
-                        ),
-                    })
+                Some(SCHEMA_VERSION) => {}
+                // Older, and set aside when the store was opened: upgraded.
+                Some(known) => {
+                    check_version(&self.path, known)?;
+                    meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
+                        .map_err(storage)?;
                 }
                 None => {
                     meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
@@ -144,10 +135,44 @@ impl Store {
                     meta.insert(META_NEXT_STREAM_ID, 1).map_err(storage)?;
                 }
             }
-            version.unwrap_or(SCHEMA_VERSION)
-        };
-        commit(txn).map(|()| version)
+        }
+        commit(txn)
     }
+}
+
+/// The layout version the store `db` records, if it records one.
+pub(super) fn recorded_version(db: &impl ReadableDatabase) -> Result<Option<u64>> {
+    let txn = db.begin_read().map_err(storage)?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(storage(e)),
+    };
+    let version = meta
+        .get(META_SCHEMA_VERSION)
+        .map_err(storage)?
+        .map(|v| v.value());
+    Ok(version)
+}
+
+/// Refuses a store at `path` of a layout `version` this build cannot read
+/// (exit 65: it is not this build's to change), naming both versions.
+pub(super) fn check_version(path: &Path, version: u64) -> Result<()> {
+    if (OLDEST_SCHEMA_VERSION..=SCHEMA_VERSION).contains(&version) {
+        return Ok(());
+    }
+    let why = if version > SCHEMA_VERSION {
+        "a newer tetherd wrote it: run that one; this one changes nothing"
+    } else {
+        "version 2 began storing frames in chunks, and older files are not converted"
+    };
+    Err(Error::CorruptStore {
+        path: path.to_path_buf(),
+        detail: format!(
+            "schema version {version}; this build reads versions {OLDEST_SCHEMA_VERSION} to \
+             {SCHEMA_VERSION} ({why})"
+        ),
+    })
 }
 
 #[cfg(test)]

@@ -239,7 +239,7 @@ fn a_log_whose_store_file_was_removed_is_damage_and_left_as_it_was() {
 }
 
 #[test]
-fn a_version_2_store_is_marked_3_when_its_log_first_goes_round() {
+fn an_older_store_is_copied_aside_then_upgraded_when_opened() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.redb");
     let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
@@ -250,25 +250,49 @@ fn a_version_2_store_is_marked_3_when_its_log_first_goes_round() {
     assert_eq!(stored_version(&path), SCHEMA_VERSION, "a new store");
     // As a build that knows version 2 only left it.
     store_version(&path, 2);
+    let files = |dir: &Path| ["t.redb", "t.wal"].map(|name| std::fs::read(dir.join(name)).unwrap());
+    let before = files(dir.path());
 
-    // Its log still not going round, it stays readable by such a build.
-    let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
-    logged_frames(&store, 11, 20);
-    store.close().unwrap();
-    drop(store);
-    assert_eq!(stored_version(&path), 2);
-
-    // Going round, chunk values may name the log's bytes: version 3,
-    // and the frames from before read back whole.
+    // Opened, it is copied as it was into backup-2-<UTC time>/, then
+    // marked with this build's version; going round, chunk values may
+    // then name the log's bytes, and the frames from before read back.
     let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+    let backups: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(backups.len(), 1, "{backups:?}");
+    let name = backups[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        name.starts_with("backup-2-") && name.ends_with('Z'),
+        "{name}"
+    );
+    assert!(
+        files(&backups[0]) == before,
+        "the copy is the store as it was"
+    );
     assert!(store.wal().is_ring());
-    logged_frames(&store, 21, 30);
+    logged_frames(&store, 11, 20);
     assert_eq!(where_chunks_are(&store).0, 1, "a chunk kept in the log");
-    stream_s_through(&store, 30);
-    assert_all_frames(&store, 30);
+    stream_s_through(&store, 20);
+    assert_all_frames(&store, 20);
     store.close().unwrap();
     drop(store);
-    assert_eq!(stored_version(&path), 3);
+    assert_eq!(stored_version(&path), SCHEMA_VERSION);
+
+    // Once only.
+    let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
+    store.close().unwrap();
+    let dirs = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().is_dir())
+        .count();
+    assert_eq!(dirs, 1);
 }
 
 #[test]
