@@ -125,13 +125,32 @@ impl Error {
     }
 }
 
-/// Whether an I/O failure means the disk (or a quota) is full: such a
-/// failure is reported as [`Error::DiskFull`].
-pub(crate) fn is_disk_full(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
-    ) || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+/// Whether a failure means the disk (or a quota) is full: such a failure
+/// is reported as [`Error::DiskFull`]. Decided by the I/O error under it
+/// (its kind, or the OS error), looked for down its sources.
+pub(crate) fn is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        next = e.source();
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            if matches!(
+                io.kind(),
+                io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+            ) || matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+            {
+                return true;
+            }
+            // An I/O error made from another error shows that error's
+            // sources, not the error itself.
+            if let Some(inner) = io.get_ref() {
+                next = Some(inner);
+            }
+        } else if let Some(redb::Error::Io(io)) = e.downcast_ref::<redb::Error>() {
+            // redb names no source for its own I/O errors.
+            next = Some(io);
+        }
+    }
+    false
 }
 
 /// Where a store is damaged, and what that costs.
