@@ -105,8 +105,7 @@ pub fn encode_record(
     };
     // Room for the header's varints, so that the data is copied once.
     let buf = Vec::with_capacity(data.len() + 32);
-    postcard::to_extend(&record, buf)
-        .map_err(|e| Error::Storage(format!("cannot encode a checkpoint: {e}")))
+    postcard::to_extend(&record, buf).map_err(|e| Error::storage("cannot encode a checkpoint", e))
 }
 
 /// Decodes a stored record; `None` when it does not even decode.

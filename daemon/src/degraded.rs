@@ -52,10 +52,12 @@ impl Fault {
     /// failing device's cause is its error's own words (`I/O error on
     /// FILE: ...`, as the store and the log word theirs), without the
     /// `storage error: ` that the refusal adds (see [`Fault::refusal`]).
+    /// The error itself is the caller's to log: a fault keeps its words.
     pub fn of(e: &Error) -> Option<Fault> {
         let (cause, full) = match e {
             Error::DiskFull { .. } => (e.to_string(), true),
-            Error::Storage(detail) => (detail.clone(), false),
+            Error::Storage { context, source } => (format!("{context}: {source}"), false),
+            Error::Invariant(detail) | Error::Refused(detail) => (detail.clone(), false),
             Error::Io { .. } => (e.to_string(), false),
             _ => return None,
         };
@@ -72,16 +74,6 @@ impl Fault {
         self.full == other.full && (self.full || self.cause == other.cause)
     }
 
-    /// An I/O failure that no [`Error`] carries (a failed sync of the log,
-    /// as the syncer words it: `I/O error on FILE: ...`).
-    pub fn io(cause: impl Into<String>) -> Fault {
-        Fault {
-            cause: cause.into(),
-            full: false,
-            since: SystemTime::now(),
-        }
-    }
-
     /// The error a write refused while degraded gets: it names the cause,
     /// and its wire code tells a full disk from a failing one.
     pub fn refusal(&self) -> Error {
@@ -89,9 +81,10 @@ impl Fault {
             let detail = self.cause.strip_prefix(FULL_PREFIX).unwrap_or(&self.cause);
             Error::DiskFull {
                 detail: detail.to_owned(),
+                source: None,
             }
         } else {
-            Error::Storage(self.cause.clone())
+            Error::Refused(self.cause.clone())
         }
     }
 }
@@ -235,13 +228,25 @@ impl Degradation {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+    use std::io;
+
     use super::*;
 
     fn full() -> Fault {
+        let e = io::Error::from_raw_os_error(libc::ENOSPC);
         Fault::of(&Error::DiskFull {
-            detail: "No space left on device (os error 28)".into(),
+            detail: e.to_string(),
+            source: Some(e.into()),
         })
         .unwrap()
+    }
+
+    /// An `EIO` on `file`, as the store and the log word theirs.
+    fn eio(file: &str) -> Error {
+        Error::storage(
+            format!("I/O error on {file}"),
+            io::Error::from_raw_os_error(libc::EIO),
+        )
     }
 
     #[test]
@@ -265,12 +270,12 @@ mod tests {
         let first = full();
         let mut d = Degradation::begin(first.clone(), &health, t0, None);
         assert_eq!(health.fault().unwrap().cause, first.cause);
-        let io = Fault::io("I/O error on /s/tether.wal: Input/output error");
-        d.retry_failed(Some(io), &health, t0 + RETRY_EVERY);
+        let io = Fault::of(&eio("/s/tether.wal"));
+        d.retry_failed(io, &health, t0 + RETRY_EVERY);
         let shown = health.fault().unwrap();
         assert_eq!(
             shown.cause,
-            "I/O error on /s/tether.wal: Input/output error"
+            "I/O error on /s/tether.wal: Input/output error (os error 5)"
         );
         assert!(!shown.full);
         assert_eq!(shown.since, first.since);
@@ -291,7 +296,7 @@ mod tests {
         assert!(Degradation::begin(full(), &health, soon, last).quiet);
         let later = cleared_at + LOG_EVERY;
         assert!(!Degradation::begin(full(), &health, later, last).quiet);
-        let io = Fault::io("I/O error on /s/tether.wal: Input/output error");
+        let io = Fault::of(&eio("/s/tether.wal")).unwrap();
         assert!(!Degradation::begin(io.clone(), &health, soon, last).quiet);
         // A quiet one that turns into another fault says so, and its end.
         let mut again = Degradation::begin(full(), &health, soon, last);
@@ -307,19 +312,20 @@ mod tests {
             refusal.to_string(),
             "storage full: No space left on device (os error 28)"
         );
-        let io = Fault::io("I/O error on /s/tether.wal: Input/output error");
-        assert_eq!(io.cause, "I/O error on /s/tether.wal: Input/output error");
-        let io = io.refusal();
-        assert_eq!(io.code(), tether_protocol::ErrorCode::STORAGE);
         assert_eq!(Fault::of(&Error::ShuttingDown), None);
         // A storage error's cause is its own words, not nested in the
         // `storage error: ` its refusal adds.
-        let failed = Error::Storage("I/O error on /s/tether.redb: Input/output error".into());
+        let failed = eio("/s/tether.redb");
         let io = Fault::of(&failed).unwrap();
-        assert_eq!(io.cause, "I/O error on /s/tether.redb: Input/output error");
         assert_eq!(
-            io.refusal().to_string(),
-            "storage error: I/O error on /s/tether.redb: Input/output error"
+            io.cause,
+            "I/O error on /s/tether.redb: Input/output error (os error 5)"
         );
+        assert!(!io.full);
+        let refusal = io.refusal();
+        assert_eq!(refusal.code(), tether_protocol::ErrorCode::STORAGE);
+        assert_eq!(refusal.to_string(), failed.to_string());
+        // A refusal is a fault of its own: the same one again.
+        assert_eq!(Fault::of(&refusal).unwrap().cause, io.cause);
     }
 }

@@ -1,7 +1,9 @@
 //! The daemon's one error type, and its translation to wire error codes.
 
+use std::fmt;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use tether_protocol::ErrorCode;
 
@@ -30,11 +32,38 @@ pub enum Error {
 
     /// The disk holding the store is full; nothing of the failed commit was stored.
     #[error("storage full: {detail}")]
-    DiskFull { detail: String },
+    DiskFull {
+        /// The whole description, the source's words included.
+        detail: String,
+        /// The failure that found the disk full; none for a write refused
+        /// for an earlier one (see [`Error::Refused`]).
+        #[source]
+        source: Option<StorageSource>,
+    },
 
-    /// Any other storage failure; the operation was not carried out.
+    /// A storage operation failed; it was not carried out. `context`
+    /// says what was being done (and on which file, where there is one).
+    #[error("storage error: {context}: {source}")]
+    Storage {
+        context: String,
+        #[source]
+        source: StorageSource,
+    },
+
+    /// The store or the daemon's own storage machinery is not as it must
+    /// be: data missing or out of place, a limit passed, one of its
+    /// threads gone. No error lies under it; the operation was not
+    /// carried out.
     #[error("storage error: {0}")]
-    Storage(String),
+    Invariant(String),
+
+    /// An operation refused for a storage failure that was reported, and
+    /// logged, where it happened: a write while the store is degraded, a
+    /// use of a store that a failed reopening left closed, appends that a
+    /// failed commit lost; or such a failure told to another caller
+    /// waiting on it (see [`Error::duplicate`]). Its words alone.
+    #[error("storage error: {0}")]
+    Refused(String),
 
     /// No stream by that name.
     #[error("no such stream {0:?}")]
@@ -90,6 +119,35 @@ impl Error {
         }
     }
 
+    /// An [`Error::Storage`]: what was being done, and the failure under it.
+    pub fn storage(context: impl Into<String>, source: impl Into<StorageSource>) -> Self {
+        Error::Storage {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
+    /// The same failure for another caller waiting on it (each command of
+    /// a failed batch, each job waiting on a failed sync). A storage
+    /// failure is copied whole, sharing its source; any other error but
+    /// [`Error::ShuttingDown`] is told by its words, as [`Error::Refused`].
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::DiskFull { detail, source } => Error::DiskFull {
+                detail: detail.clone(),
+                source: source.clone(),
+            },
+            Error::Storage { context, source } => Error::Storage {
+                context: context.clone(),
+                source: source.clone(),
+            },
+            Error::Invariant(detail) => Error::Invariant(detail.clone()),
+            Error::Refused(detail) => Error::Refused(detail.clone()),
+            Error::ShuttingDown => Error::ShuttingDown,
+            other => Error::Refused(other.to_string()),
+        }
+    }
+
     /// Whether this is damage to the store (exit 65), rather than a
     /// failure to reach or use it.
     pub fn is_damage(&self) -> bool {
@@ -104,7 +162,9 @@ impl Error {
     pub fn code(&self) -> ErrorCode {
         match self {
             Error::DiskFull { .. } => ErrorCode::STORAGE_FULL,
-            Error::Storage(_)
+            Error::Storage { .. }
+            | Error::Invariant(_)
+            | Error::Refused(_)
             | Error::CorruptStore { .. }
             | Error::Damaged(_)
             | Error::DamageReported(_)
@@ -151,6 +211,105 @@ pub(crate) fn is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
         }
     }
     false
+}
+
+/// The failure under an [`Error::Storage`] (or an [`Error::DiskFull`]):
+/// kept whole, so that [`std::error::Error::source`] leads to it, and
+/// shared, so that every caller waiting on one failure (each command of a
+/// failed batch) gets the same error.
+#[derive(Debug, Clone)]
+pub enum StorageSource {
+    /// redb failed.
+    Redb(Arc<redb::Error>),
+    /// A file operation of the daemon's own failed (on the log, or
+    /// reserving the store file's blocks).
+    Io(Arc<io::Error>),
+    /// Bytes to store cannot be encoded, or stored bytes decoded.
+    Encoding(postcard::Error),
+    /// Stored frames cannot be put in their wire form.
+    Wire(Arc<tether_protocol::Error>),
+    /// The task that ran the storage operation failed (it panicked or was
+    /// cancelled).
+    Task(Arc<tokio::task::JoinError>),
+}
+
+impl StorageSource {
+    /// The I/O failure under it, if there is one.
+    pub fn io(&self) -> Option<&io::Error> {
+        match self {
+            StorageSource::Io(e) => Some(e),
+            StorageSource::Redb(e) => match &**e {
+                redb::Error::Io(e) => Some(e),
+                _ => None,
+            },
+            StorageSource::Encoding(_) | StorageSource::Wire(_) | StorageSource::Task(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for StorageSource {
+    /// Its own words; redb's I/O failure without redb's `I/O error: `,
+    /// which the context says where it matters.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StorageSource::Redb(e) => match &**e {
+                redb::Error::Io(e) => e.fmt(f),
+                e => e.fmt(f),
+            },
+            StorageSource::Io(e) => e.fmt(f),
+            StorageSource::Encoding(e) => e.fmt(f),
+            StorageSource::Wire(e) => e.fmt(f),
+            StorageSource::Task(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StorageSource {
+    /// The error it holds; for redb's I/O failure, the I/O error itself
+    /// (redb names no source for it), so that its kind and OS error can be
+    /// found down the chain.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(match self {
+            StorageSource::Redb(e) => match &**e {
+                redb::Error::Io(e) => e,
+                e => e,
+            },
+            StorageSource::Io(e) => &**e,
+            StorageSource::Encoding(e) => e,
+            StorageSource::Wire(e) => &**e,
+            StorageSource::Task(e) => &**e,
+        })
+    }
+}
+
+impl From<redb::Error> for StorageSource {
+    fn from(e: redb::Error) -> Self {
+        StorageSource::Redb(Arc::new(e))
+    }
+}
+
+impl From<io::Error> for StorageSource {
+    fn from(e: io::Error) -> Self {
+        StorageSource::Io(Arc::new(e))
+    }
+}
+
+impl From<postcard::Error> for StorageSource {
+    fn from(e: postcard::Error) -> Self {
+        StorageSource::Encoding(e)
+    }
+}
+
+impl From<tether_protocol::Error> for StorageSource {
+    fn from(e: tether_protocol::Error) -> Self {
+        StorageSource::Wire(Arc::new(e))
+    }
+}
+
+impl From<tokio::task::JoinError> for StorageSource {
+    fn from(e: tokio::task::JoinError) -> Self {
+        StorageSource::Task(Arc::new(e))
+    }
 }
 
 /// Where a store is damaged, and what that costs.

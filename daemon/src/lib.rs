@@ -123,7 +123,7 @@ pub async fn run_with(
     let store_path = config.store_path();
     let queue = tokio::task::spawn_blocking(move || queue::Queue::open(&store_path, queue_options))
         .await
-        .map_err(|e| Error::Storage(format!("store opening task failed: {e}")))??;
+        .map_err(|e| Error::storage("store opening task failed", e))??;
     status("recovering executions");
     let settings = supervisor::Settings::from_config(&config)?;
     // Executions are recovered before the socket accepts anything, so that

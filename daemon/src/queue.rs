@@ -355,7 +355,7 @@ impl Queue {
         let store = self.inner.store.clone();
         tokio::task::spawn_blocking(move || read(&store))
             .await
-            .map_err(|e| Error::Storage(format!("store read task failed: {e}")))?
+            .map_err(|e| Error::storage("store read task failed", e))?
     }
 
     /// Every stored execution manifest as (execution id, encoded manifest).
@@ -364,7 +364,7 @@ impl Queue {
         let store = self.inner.store.clone();
         tokio::task::spawn_blocking(move || store.load_executions())
             .await
-            .map_err(|e| Error::Storage(format!("store read task failed: {e}")))?
+            .map_err(|e| Error::storage("store read task failed", e))?
     }
 
     /// Creates the durable consumer if absent, with nothing acked (its ack is
@@ -441,7 +441,7 @@ impl Queue {
         let store = self.inner.store.clone();
         let mut streams = tokio::task::spawn_blocking(move || store.list_streams())
             .await
-            .map_err(|e| Error::Storage(format!("store read task failed: {e}")))??;
+            .map_err(|e| Error::storage("store read task failed", e))??;
         streams.retain_mut(|info| match self.stream_range(&info.name) {
             None => false,
             Some((_, last)) => {
@@ -500,9 +500,9 @@ impl Queue {
         if let Some(handle) = handle {
             let joined = tokio::task::spawn_blocking(move || handle.join())
                 .await
-                .map_err(|e| Error::Storage(format!("waiting for the writer failed: {e}")))?;
+                .map_err(|e| Error::storage("waiting for the writer failed", e))?;
             if joined.is_err() {
-                return Err(Error::Storage("the writer thread panicked".into()));
+                return Err(Error::Invariant("the writer thread panicked".into()));
             }
         }
         self.inner.hub.close();
@@ -586,7 +586,7 @@ impl Inner {
         if self.check_open().is_err() {
             Error::ShuttingDown
         } else {
-            Error::Storage("the store writer stopped unexpectedly".into())
+            Error::Invariant("the store writer stopped unexpectedly".into())
         }
     }
 }
@@ -633,7 +633,7 @@ fn spawn_writer(writer: Writer) -> Result<JoinHandle<()>> {
     match started_rx.recv() {
         Ok(Ok(())) => Ok(handle),
         Ok(Err(e)) => Err(Error::io("cannot start the writer's timer", e)),
-        Err(_) => Err(Error::Storage(
+        Err(_) => Err(Error::Invariant(
             "the writer thread died while starting".into(),
         )),
     }
@@ -759,7 +759,7 @@ impl Reply {
             (Reply::Ack(tx) | Reply::Compact(tx), Ok(Outcome::Done)) => {
                 let _ = tx.send(Ok(()));
             }
-            (reply, Ok(_)) => reply.fail(Error::Storage(
+            (reply, Ok(_)) => reply.fail(Error::Invariant(
                 "internal error: answer of the wrong kind".into(),
             )),
             (reply, Err(e)) => reply.fail(e),
@@ -816,18 +816,6 @@ fn forget_resumed(
         if failed.is_empty() {
             failed_from.remove(&*o.stream);
         }
-    }
-}
-
-/// A copy of a commit failure for each command of the failed batch.
-fn copy_error(e: &Error) -> Error {
-    match e {
-        Error::DiskFull { detail } => Error::DiskFull {
-            detail: detail.clone(),
-        },
-        Error::ShuttingDown => Error::ShuttingDown,
-        Error::Storage(s) => Error::Storage(s.clone()),
-        other => Error::Storage(other.to_string()),
     }
 }
 
@@ -1470,7 +1458,7 @@ impl Writer {
             let answers = compactions.into_iter().map(|reply| {
                 let result = match &result {
                     Ok(()) => Ok(Outcome::Done),
-                    Err(e) => Err(copy_error(e)),
+                    Err(e) => Err(e.duplicate()),
                 };
                 (reply, result)
             });
@@ -1486,8 +1474,8 @@ impl Writer {
         replies: Vec<Reply>,
         in_flight: Vec<OwnedSemaphorePermit>,
     ) {
-        if let Some(cause) = self.syncer.failure() {
-            self.degrade(Fault::io(cause));
+        if let Some(fault) = self.syncer.failure().as_ref().and_then(Fault::of) {
+            self.degrade(fault);
         }
         if self.degraded.is_some() {
             self.refuse_while_degraded(requests, replies, in_flight);
@@ -1495,7 +1483,7 @@ impl Writer {
         }
         if !self.healthy {
             if let Err(e) = self.recover() {
-                let failed = replies.into_iter().map(|r| (r, Err(copy_error(&e))));
+                let failed = replies.into_iter().map(|r| (r, Err(e.duplicate())));
                 self.answer(Durable::Nothing, None, failed.collect(), in_flight);
                 return;
             }
@@ -1516,7 +1504,7 @@ impl Writer {
         }
         if let Err(e) = room {
             self.after_failure("commit", &e);
-            let failed = replies.into_iter().map(|r| (r, Err(copy_error(&e))));
+            let failed = replies.into_iter().map(|r| (r, Err(e.duplicate())));
             self.answer(Durable::Nothing, None, failed.collect(), in_flight);
             return;
         }
@@ -1557,7 +1545,7 @@ impl Writer {
                     // A refused command was refused before the commit
                     // and would be refused again: say why.
                     Some(Err(refused)) => (reply, Err(refused)),
-                    _ => (reply, Err(copy_error(&e))),
+                    _ => (reply, Err(e.duplicate())),
                 });
                 self.answer(Durable::Nothing, None, failed.collect(), in_flight);
             }
@@ -1620,7 +1608,7 @@ impl Writer {
                 }
                 Err(e) => {
                     for (reply, _) in answers {
-                        reply.fail(copy_error(&e));
+                        reply.fail(e.duplicate());
                     }
                 }
             }
@@ -1789,7 +1777,7 @@ impl Writer {
             if a.producer_seq == from {
                 resumed.push(key);
             } else if a.producer_seq > from && !resumed.contains(&key) {
-                return Err(Error::Storage(format!(
+                return Err(Error::Refused(format!(
                     "appends of producer {} on stream {} from producer seq {from} were not \
                      stored (a commit failed); resend from there",
                     a.producer, a.stream

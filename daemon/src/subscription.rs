@@ -268,7 +268,7 @@ impl Subscription {
         }
         if let Some(live) = &self.live {
             if self.next_seq <= live.last_seq {
-                return Err(Error::Storage(format!(
+                return Err(Error::Invariant(format!(
                     "stream {:?} lost frame {} between commit and read",
                     self.stream, self.next_seq
                 )));
@@ -295,7 +295,7 @@ impl Subscription {
         };
         tokio::task::spawn_blocking(move || store.read_frames_into(&stream, from, limits, new_sink))
             .await
-            .map_err(|e| Error::Storage(format!("store read task failed: {e}")))?
+            .map_err(|e| Error::storage("store read task failed", e))?
     }
 
     /// The event for `frames`, `None` when there are none.
@@ -342,7 +342,7 @@ impl WireFrames {
             WireForm::Durable => encode_durable(seq, frame, &mut self.wire),
             WireForm::Live => encode_live(frame, &mut self.wire),
         }
-        .map_err(|e| Error::Storage(format!("frame {seq} cannot be sent: {e}")))?;
+        .map_err(|e| Error::storage(format!("frame {seq} cannot be sent"), e))?;
         self.last_seq = Some(seq);
         Ok(())
     }
@@ -352,7 +352,7 @@ impl FrameSink for WireFrames {
     fn take(&mut self, chunk: &[u8], frames: &[StoredFrame]) -> Result<()> {
         for f in frames {
             let payload = chunk.get(f.payload.clone()).ok_or_else(|| {
-                Error::Storage(format!("frame {} lies outside its stored chunk", f.seq))
+                Error::Invariant(format!("frame {} lies outside its stored chunk", f.seq))
             })?;
             let frame = FrameView {
                 ts_micros: f.ts_micros,

@@ -111,8 +111,9 @@ struct SyncState {
     wanted: u64,
     /// Where the store's writeback was last started.
     nudged: u64,
-    /// Why logged jobs fail, after a failed sync.
-    broken: Option<String>,
+    /// Why logged jobs fail, after a failed sync (each is told a
+    /// [`Error::duplicate`] of it).
+    broken: Option<Error>,
     /// Set when the sync thread should end.
     closing: bool,
     /// Syncs run, for tests to count.
@@ -192,7 +193,7 @@ impl Syncer {
             self.shared.pending.fetch_sub(1, Ordering::Release);
             // The thread is gone (it cannot panic short of a bug in a
             // job): say so to whoever waits rather than leave them hanging.
-            (job.then)(Err(Error::Storage(
+            (job.then)(Err(Error::Invariant(
                 "the syncer's job thread stopped".into(),
             )));
         }
@@ -251,11 +252,15 @@ impl Syncer {
     }
 
     /// Why the last sync failed, while no durable job has run since.
-    pub fn failure(&self) -> Option<String> {
+    pub fn failure(&self) -> Option<Error> {
         if !self.failed() {
             return None;
         }
-        self.shared.lock_state().broken.clone()
+        self.shared
+            .lock_state()
+            .broken
+            .as_ref()
+            .map(Error::duplicate)
     }
 
     /// Finishes the jobs sent and waits for the threads.
@@ -349,7 +354,10 @@ impl Shared {
                 // logs the fault once (see `crate::degraded`).
                 let path = self.log.path().display();
                 tracing::debug!("syncing the log {path} failed: {e}");
-                state.broken = Some(format!("I/O error on {path}: cannot sync it: {e}"));
+                state.broken = Some(Error::storage(
+                    format!("I/O error on {path}: cannot sync it"),
+                    e,
+                ));
                 self.failed.store(true, Ordering::Release);
             }
         }
@@ -418,8 +426,8 @@ impl Shared {
         };
         let mut state = self.lock_state();
         loop {
-            if let Some(detail) = &state.broken {
-                return Err(Error::Storage(detail.clone()));
+            if let Some(broken) = &state.broken {
+                return Err(broken.duplicate());
             }
             if state.synced >= ticket {
                 return Ok(());

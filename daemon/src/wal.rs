@@ -233,7 +233,7 @@ impl RecordBuf {
     pub fn push(&mut self, op: &Op<'_>) -> Result<()> {
         let bytes = std::mem::take(&mut self.bytes);
         self.bytes = postcard::to_extend(op, bytes)
-            .map_err(|e| Error::Storage(format!("cannot encode a log record: {e}")))?;
+            .map_err(|e| Error::storage("cannot encode a log record", e))?;
         Ok(())
     }
 
@@ -250,7 +250,7 @@ impl RecordBuf {
     /// Fills in the header for record `number` and returns the record.
     fn seal(&mut self, number: u64) -> Result<&[u8]> {
         let body_len = u32::try_from(self.bytes.len() - HEADER_LEN)
-            .map_err(|_| Error::Storage("a log record over 4 GiB".into()))?;
+            .map_err(|_| Error::Invariant("a log record over 4 GiB".into()))?;
         self.bytes[8..16].copy_from_slice(&number.to_le_bytes());
         let crc = crc32fast::hash(&self.bytes[8..]);
         self.bytes[0..4].copy_from_slice(&body_len.to_le_bytes());
@@ -273,9 +273,10 @@ pub fn ops(body: &[u8]) -> impl Iterator<Item = Result<Op<'_>>> {
             }
             Err(e) => {
                 rest = &[];
-                Some(Err(Error::Storage(format!(
-                    "a log record's change cannot be decoded: {e}"
-                ))))
+                Some(Err(Error::storage(
+                    "a log record's change cannot be decoded",
+                    e,
+                )))
             }
         }
     })
@@ -385,7 +386,7 @@ impl LogReader {
     pub fn read(&self, at: u64, len: usize, buf: &mut Vec<u8>) -> Result<bool> {
         let physical = at % self.capacity;
         if physical + len as u64 > self.capacity {
-            return Err(Error::Storage(format!(
+            return Err(Error::Invariant(format!(
                 "a chunk kept in the log {} at {at} ({len} bytes) would pass its end",
                 self.path.display()
             )));
@@ -812,7 +813,7 @@ impl Wal {
         let len = record.len() as u64;
         let start = self
             .place(len)
-            .ok_or_else(|| Error::Storage("a log record with no room left in the log".into()))?;
+            .ok_or_else(|| Error::Invariant("a log record with no room left in the log".into()))?;
         if !self.ring && start + len > self.filled {
             self.fill_to(start + len)?;
         }
@@ -827,7 +828,7 @@ impl Wal {
         };
         self.file
             .write_all_at(bytes, physical)
-            .map_err(|e| self.write_error(&e))?;
+            .map_err(|e| self.write_error(e))?;
         self.pos = start + len;
         self.holding_since.get_or_insert_with(Instant::now);
         Ok(self.written.fetch_add(len, Ordering::AcqRel) + len)
@@ -841,18 +842,21 @@ impl Wal {
             let piece = (target - self.filled).min(ZEROS.len() as u64) as usize;
             self.file
                 .write_all_at(&ZEROS[..piece], self.filled)
-                .map_err(|e| self.write_error(&e))?;
+                .map_err(|e| self.write_error(e))?;
             self.filled += piece as u64;
         }
         Ok(())
     }
 
-    fn write_error(&self, e: &io::Error) -> Error {
-        let detail = format!("cannot append to the log {}: {e}", self.path.display());
-        if crate::error::is_disk_full(e) {
-            Error::DiskFull { detail }
+    fn write_error(&self, e: io::Error) -> Error {
+        let context = format!("cannot append to the log {}", self.path.display());
+        if crate::error::is_disk_full(&e) {
+            Error::DiskFull {
+                detail: format!("{context}: {e}"),
+                source: Some(e.into()),
+            }
         } else {
-            Error::Storage(detail)
+            Error::storage(context, e)
         }
     }
 
@@ -1010,25 +1014,28 @@ impl Wal {
             let piece = &mut buf[..len];
             self.file
                 .read_exact_at(piece, physical)
-                .map_err(|e| self.rewrite_error("cannot read it back", &e))?;
+                .map_err(|e| self.rewrite_error("cannot read it back", e))?;
             self.file
                 .write_all_at(piece, physical)
-                .map_err(|e| self.rewrite_error("cannot write it again", &e))?;
+                .map_err(|e| self.rewrite_error("cannot write it again", e))?;
             at += len as u64;
         }
         self.file
             .sync_data()
-            .map_err(|e| self.rewrite_error("cannot sync it", &e))
+            .map_err(|e| self.rewrite_error("cannot sync it", e))
     }
 
     /// A failure of [`Wal::rewrite`], worded as the syncer words a failed
     /// sync: `I/O error on FILE: what: ...`.
-    fn rewrite_error(&self, what: &str, e: &io::Error) -> Error {
-        let detail = format!("I/O error on {}: {what}: {e}", self.path.display());
-        if crate::error::is_disk_full(e) {
-            Error::DiskFull { detail }
+    fn rewrite_error(&self, what: &str, e: io::Error) -> Error {
+        let context = format!("I/O error on {}: {what}", self.path.display());
+        if crate::error::is_disk_full(&e) {
+            Error::DiskFull {
+                detail: format!("{context}: {e}"),
+                source: Some(e.into()),
+            }
         } else {
-            Error::Storage(detail)
+            Error::storage(context, e)
         }
     }
 }

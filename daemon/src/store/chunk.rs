@@ -40,7 +40,7 @@ impl FrameSink for Vec<(u64, Frame)> {
         };
         let base = lo.payload.start;
         let span = chunk.get(base..hi.payload.end).ok_or_else(|| {
-            Error::Storage(format!(
+            Error::Invariant(format!(
                 "frames {}..={} lie outside their chunk",
                 lo.seq, hi.seq
             ))
@@ -127,12 +127,12 @@ impl PendingChunk {
         };
         let bytes = std::mem::take(&mut self.bytes);
         self.bytes = postcard::to_extend(&head, bytes)
-            .map_err(|e| Error::Storage(format!("cannot encode frame: {e}")))?;
+            .map_err(|e| Error::storage("cannot encode frame", e))?;
         self.bytes.extend_from_slice(&frame.payload);
         self.count = self
             .count
             .checked_add(1)
-            .ok_or_else(|| Error::Storage("too many frames in one transaction".into()))?;
+            .ok_or_else(|| Error::Invariant("too many frames in one transaction".into()))?;
         Ok(())
     }
 
@@ -184,10 +184,9 @@ const IN_LOG_LEN: usize = 24;
 impl InLog {
     /// Where `chunk`, kept in the log at `at`, is.
     pub(super) fn of(at: u64, chunk: &[u8]) -> Result<InLog> {
-        let count =
-            chunk_len(chunk).map_err(|e| Error::Storage(format!("a chunk built wrong: {e}")))?;
-        let len =
-            u32::try_from(chunk.len()).map_err(|_| Error::Storage("a chunk over 4 GiB".into()))?;
+        let count = chunk_len(chunk).map_err(|e| Error::storage("a chunk built wrong", e))?;
+        let len = u32::try_from(chunk.len())
+            .map_err(|_| Error::Invariant("a chunk over 4 GiB".into()))?;
         Ok(InLog {
             at,
             len,
@@ -246,7 +245,7 @@ pub(super) fn chunk_bytes<'b>(
         return Ok(None);
     }
     if crc32fast::hash(kept) != in_log.crc {
-        return Err(Error::Storage(format!(
+        return Err(Error::Invariant(format!(
             "chunk {first} of stream {stream} is kept in the log {} at {}, but the bytes \
              there fail their check: the log was damaged or replaced",
             log.path().display(),
@@ -275,7 +274,7 @@ pub(super) fn own_chunk_bytes<'b>(
     first: u64,
 ) -> Result<&'b [u8]> {
     chunk_bytes(value, log, kept, &format_args!("#{stream_id}"), first)?.ok_or_else(|| {
-        Error::Storage(format!(
+        Error::Invariant(format!(
             "a chunk of stream #{stream_id} kept in the log was written over while the \
              writer read it"
         ))
@@ -364,9 +363,10 @@ impl Iterator for ChunkIter<'_> {
 }
 
 pub(super) fn corrupt_frame(stream: &str, chunk: u64, e: &postcard::Error) -> Error {
-    Error::Storage(format!(
-        "stored chunk {chunk} of stream {stream} is unreadable: {e}"
-    ))
+    Error::storage(
+        format!("stored chunk {chunk} of stream {stream} is unreadable"),
+        e.clone(),
+    )
 }
 
 pub(super) fn corrupt_chunk(stream_id: u64, chunk: u64, e: &postcard::Error) -> Error {

@@ -97,7 +97,7 @@ use std::time::{Duration, Instant};
 
 use redb::{Database, Durability};
 
-use crate::error::is_disk_full;
+use crate::error::{is_disk_full, StorageSource};
 use crate::store_io::{Headroom, Opener, OsOpener};
 use crate::syncer::Durable;
 use crate::wal::{self, CopyPace, LogReader, Wal};
@@ -432,12 +432,16 @@ impl Store {
                         self.path.display(),
                         want.div_ceil(1024)
                     ),
+                    source: Some(e.into()),
                 }
             } else {
-                Error::Storage(format!(
-                    "I/O error on {}: cannot reserve blocks for it: {e}",
-                    self.path.display()
-                ))
+                Error::storage(
+                    format!(
+                        "I/O error on {}: cannot reserve blocks for it",
+                        self.path.display()
+                    ),
+                    e,
+                )
             }
         })
     }
@@ -634,9 +638,11 @@ impl Store {
     /// FILE: ...`, so that degraded mode shows it so.
     fn on_file(&self, e: Error) -> Error {
         match e {
-            Error::Storage(detail) if self.headroom.redb_failed() => {
-                let detail = detail.strip_prefix("I/O error: ").unwrap_or(&detail);
-                Error::Storage(format!("I/O error on {}: {detail}", self.path.display()))
+            Error::Storage {
+                source: source @ StorageSource::Redb(_),
+                ..
+            } if self.headroom.redb_failed() => {
+                Error::storage(format!("I/O error on {}", self.path.display()), source)
             }
             e => e,
         }
@@ -723,7 +729,7 @@ impl Store {
 
 fn guard_db<'g>(guard: &'g RwLockReadGuard<'_, Option<Database>>) -> Result<&'g Database> {
     guard.as_ref().ok_or_else(|| {
-        Error::Storage(
+        Error::Refused(
             "the store is unavailable: reopening it after a failed write did not work".into(),
         )
     })
@@ -736,8 +742,10 @@ fn storage(e: impl Into<redb::Error>) -> Error {
     match &e {
         redb::Error::Io(io) if is_disk_full(io) => Error::DiskFull {
             detail: io.to_string(),
+            source: Some(e.into()),
         },
         redb::Error::DatabaseClosed => Error::ShuttingDown,
-        _ => Error::Storage(e.to_string()),
+        redb::Error::Io(_) => Error::storage("I/O error", e),
+        _ => Error::storage("redb", e),
     }
 }

@@ -58,7 +58,12 @@ impl Store {
     /// [`Store::reopen_for_reads`]).
     fn reading<T>(&self, read: impl Fn() -> Result<T>) -> Result<T> {
         match read() {
-            Err(e @ (Error::Storage(_) | Error::Io { .. })) if self.handle_failed() => {
+            Err(
+                e @ (Error::Storage { .. }
+                | Error::Invariant(_)
+                | Error::Refused(_)
+                | Error::Io { .. }),
+            ) if self.handle_failed() => {
                 tracing::debug!("read failed on a failed store handle ({e}); reopening");
                 if self.reopen_for_reads()? {
                     read()
@@ -199,7 +204,7 @@ impl Store {
                 return Ok(done);
             }
         }
-        Err(Error::Storage(format!(
+        Err(Error::Invariant(format!(
             "reading stream {stream:?}: the chunks kept in the log {} were written over \
              {MOVED_RETRIES} times while being read",
             self.log.path().display()
@@ -299,7 +304,7 @@ impl Store {
                 chunk.first_seq = last + 1;
                 Ok(Some(chunk))
             }
-            None => Err(Error::Storage(format!(
+            None => Err(Error::Invariant(format!(
                 "stream {stream:?} is missing frame {from_seq} (retained {}..={})",
                 meta.first_seq, meta.last_seq
             ))),
@@ -328,7 +333,7 @@ impl Store {
             .get((stream_id, first))
             .map_err(|e| self.fail(e))?
             .ok_or_else(|| {
-                Error::Storage(format!("chunk {first} of stream #{stream_id} vanished"))
+                Error::Invariant(format!("chunk {first} of stream #{stream_id} vanished"))
             })?;
         let mut kept = Vec::new();
         let stream = format_args!("#{stream_id}");
@@ -551,7 +556,7 @@ impl ChunkReader<'_> {
 
 fn decode_meta(stream: &str, bytes: &[u8]) -> Result<StreamMeta> {
     postcard::from_bytes(bytes)
-        .map_err(|e| Error::Storage(format!("metadata of stream {stream:?} is unreadable: {e}")))
+        .map_err(|e| Error::storage(format!("metadata of stream {stream:?} is unreadable"), e))
 }
 
 #[cfg(test)]

@@ -166,14 +166,18 @@ pub(super) fn open_database(
     };
     match opened {
         Ok(Ok(db)) => Ok(db),
-        Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => Err(Error::Storage(format!(
-            "store {} is already open in another process",
-            path.display()
-        ))),
+        Ok(Err(e @ redb::DatabaseError::DatabaseAlreadyOpen)) => Err(Error::storage(
+            format!(
+                "store {} is already open in another process",
+                path.display()
+            ),
+            redb::Error::from(e),
+        )),
         Ok(Err(redb::DatabaseError::Storage(redb::StorageError::Io(e)))) => {
             if is_disk_full(&e) {
                 Err(Error::DiskFull {
                     detail: format!("opening {}: {e}", path.display()),
+                    source: Some(e.into()),
                 })
             } else if existed && e.kind() != io::ErrorKind::PermissionDenied {
                 Err(corrupt(e.to_string()))

@@ -185,6 +185,7 @@ fn ensure_room(state_dir: &Path, files: &[PathBuf]) -> Result<()> {
                  bytes, and a new store at most as large) and {free} are; nothing was changed",
                 state_dir.display()
             ),
+            source: None,
         });
     }
     Ok(())
@@ -691,7 +692,7 @@ impl<'s> Build<'s> {
             let mut lost_table = txn.open_table(LOST).map_err(storage)?;
             for (id, name, meta, lost) in &settled {
                 let bytes = postcard::to_allocvec(meta)
-                    .map_err(|e| Error::Storage(format!("cannot encode stream {name:?}: {e}")))?;
+                    .map_err(|e| Error::storage(format!("cannot encode stream {name:?}"), e))?;
                 streams
                     .insert(name.as_str(), bytes.as_slice())
                     .map_err(storage)?;

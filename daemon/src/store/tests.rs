@@ -354,8 +354,10 @@ fn enospc_is_disk_full() {
         Error::DiskFull { .. }
     ));
     let e = io::Error::from_raw_os_error(libc::EIO);
-    assert!(matches!(
-        storage(redb::StorageError::Io(e)),
-        Error::Storage(_)
-    ));
+    let failed = storage(redb::StorageError::Io(e));
+    assert!(matches!(failed, Error::Storage { .. }), "{failed:?}");
+    assert_eq!(
+        failed.to_string(),
+        "storage error: I/O error: Input/output error (os error 5)"
+    );
 }

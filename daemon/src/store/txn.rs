@@ -96,7 +96,7 @@ impl WriteTxn<'_> {
     pub fn put_stream(&mut self, name: &str, meta: &StreamMeta) -> Result<()> {
         self.scratch.clear();
         let bytes = postcard::to_extend(meta, std::mem::take(&mut self.scratch))
-            .map_err(|e| Error::Storage(format!("cannot encode stream {name:?}: {e}")))?;
+            .map_err(|e| Error::storage(format!("cannot encode stream {name:?}"), e))?;
         let result = self.streams.get()?.insert(name, bytes.as_slice()).map(drop);
         let logged = self.log(&Op::Stream {
             name,

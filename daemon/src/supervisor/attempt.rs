@@ -57,14 +57,13 @@ impl Inner {
             let manifest =
                 Manifest::new(id.clone(), spec.clone(), now, self.settings.boot_id.clone());
             let slot = new_slot(manifest, false, None, None);
-            let guard =
-                slot.exec.clone().try_lock_owned().map_err(|_| {
-                    Error::Storage("internal error: a new execution was locked".into())
-                })?;
+            let guard = slot.exec.clone().try_lock_owned().map_err(|_| {
+                Error::Invariant("internal error: a new execution was locked".into())
+            })?;
             slots.insert(id.clone(), slot.clone());
             return Ok((id, slot, guard));
         }
-        Err(Error::Storage(format!(
+        Err(Error::Invariant(format!(
             "could not find an unused execution id in {ID_TRIES} tries"
         )))
     }

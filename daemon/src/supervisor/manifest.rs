@@ -107,16 +107,17 @@ impl Manifest {
     /// The stored bytes.
     pub fn encode(&self) -> Result<Vec<u8>> {
         postcard::to_stdvec(&Stored::V1(self.clone()))
-            .map_err(|e| Error::Storage(format!("cannot encode the manifest of {}: {e}", self.id)))
+            .map_err(|e| Error::storage(format!("cannot encode the manifest of {}", self.id), e))
     }
 
     /// Reads stored bytes; `id` names the row in the error.
     pub fn decode(id: &str, bytes: &[u8]) -> Result<Self> {
         match postcard::from_bytes(bytes) {
             Ok(Stored::V1(m)) => Ok(m),
-            Err(e) => Err(Error::Storage(format!(
-                "the manifest of execution {id} is unreadable: {e}"
-            ))),
+            Err(e) => Err(Error::storage(
+                format!("the manifest of execution {id} is unreadable"),
+                e,
+            )),
         }
     }
 

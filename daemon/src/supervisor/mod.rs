@@ -414,7 +414,7 @@ impl Inner {
         self.tasks
             .spawn(work)
             .await
-            .map_err(|e| Error::Storage(format!("a supervisor task failed: {e}")))?
+            .map_err(|e| Error::storage("a supervisor task failed", e))?
     }
 
     /// Commits `change` and adopts it.
@@ -496,7 +496,12 @@ impl Inner {
         loop {
             match attempt().await {
                 Ok(()) => return,
-                Err(e @ (Error::Storage(_) | Error::DiskFull { .. })) => {
+                Err(
+                    e @ (Error::Storage { .. }
+                    | Error::Invariant(_)
+                    | Error::Refused(_)
+                    | Error::DiskFull { .. }),
+                ) => {
                     tracing::warn!("{what} failed: {e}; retrying in {RETRY_DELAY:?}");
                 }
                 Err(e) => {
