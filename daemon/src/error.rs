@@ -338,3 +338,97 @@ impl std::fmt::Display for Damage {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::error::Error as _;
+
+    use super::*;
+
+    fn eio() -> io::Error {
+        io::Error::from_raw_os_error(libc::EIO)
+    }
+
+    /// The I/O error somewhere under `e`.
+    fn io_under(e: &Error) -> &io::Error {
+        std::iter::successors(e.source(), |e| (*e).source())
+            .find_map(|e| e.downcast_ref::<io::Error>())
+            .unwrap_or_else(|| panic!("no I/O error under {e:?}"))
+    }
+
+    #[test]
+    fn a_storage_error_reads_as_context_then_cause_and_keeps_the_io_error() {
+        let e = Error::storage("I/O error on /s/tether.wal: cannot sync it", eio());
+        assert_eq!(
+            e.to_string(),
+            "storage error: I/O error on /s/tether.wal: cannot sync it: \
+             Input/output error (os error 5)"
+        );
+        assert_eq!(e.code(), ErrorCode::STORAGE);
+        assert_eq!(io_under(&e).raw_os_error(), Some(libc::EIO));
+        assert_eq!(io_under(&e).kind(), eio().kind());
+    }
+
+    #[test]
+    fn redb_io_errors_read_without_redbs_prefix_and_lead_to_the_io_error() {
+        let e = Error::storage("I/O error on /s/tether.redb", redb::Error::Io(eio()));
+        assert_eq!(
+            e.to_string(),
+            "storage error: I/O error on /s/tether.redb: Input/output error (os error 5)"
+        );
+        assert_eq!(io_under(&e).raw_os_error(), Some(libc::EIO));
+        let e = Error::storage("redb", redb::Error::PreviousIo);
+        let redb = e.source().and_then(|s| s.source()).unwrap();
+        assert!(matches!(
+            redb.downcast_ref::<redb::Error>(),
+            Some(redb::Error::PreviousIo)
+        ));
+    }
+
+    #[test]
+    fn a_full_disk_is_found_down_the_sources() {
+        let full = || io::Error::from_raw_os_error(libc::ENOSPC);
+        assert!(is_disk_full(&full()));
+        assert!(is_disk_full(&io::Error::from(io::ErrorKind::QuotaExceeded)));
+        assert!(is_disk_full(&Error::storage("writing", full())));
+        assert!(is_disk_full(&Error::storage(
+            "writing",
+            redb::Error::Io(full())
+        )));
+        // An I/O error made from another hides it from `source`.
+        assert!(is_disk_full(&io::Error::other(Error::storage("x", full()))));
+        assert!(!is_disk_full(&Error::storage("writing", eio())));
+        assert!(!is_disk_full(&Error::Invariant(
+            "a chunk over 4 GiB".into()
+        )));
+    }
+
+    #[test]
+    fn a_duplicate_shares_the_source_and_keeps_the_words_and_code() {
+        let e = Error::storage("cannot append to the log /s/tether.wal", eio());
+        let copy = e.duplicate();
+        assert_eq!(copy.to_string(), e.to_string());
+        assert_eq!(io_under(&copy).raw_os_error(), Some(libc::EIO));
+        let full = Error::DiskFull {
+            detail: "No space left on device (os error 28)".into(),
+            source: Some(io::Error::from_raw_os_error(libc::ENOSPC).into()),
+        };
+        let copy = full.duplicate();
+        assert_eq!(copy.code(), ErrorCode::STORAGE_FULL);
+        assert_eq!(io_under(&copy).raw_os_error(), Some(libc::ENOSPC));
+        // Others are told by their words, with the code they had.
+        let other = Error::io("cannot open the log /s/tether.wal", eio()).duplicate();
+        assert!(matches!(other, Error::Refused(_)), "{other:?}");
+        assert_eq!(other.code(), ErrorCode::STORAGE);
+        assert_eq!(
+            other.to_string(),
+            "storage error: cannot open the log /s/tether.wal: Input/output error (os error 5)"
+        );
+        assert!(matches!(
+            Error::ShuttingDown.duplicate(),
+            Error::ShuttingDown
+        ));
+    }
+}

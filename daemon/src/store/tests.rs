@@ -361,3 +361,31 @@ fn enospc_is_disk_full() {
         "storage error: I/O error: Input/output error (os error 5)"
     );
 }
+
+#[test]
+fn a_storage_error_keeps_the_io_error_under_it() {
+    //! Storage errors used to keep only the words of the failure under
+    //! them, losing its kind and OS error.
+    use std::error::Error as _;
+
+    for e in [
+        storage(redb::StorageError::Io(io::Error::from_raw_os_error(
+            libc::EIO,
+        ))),
+        storage(redb::StorageError::Io(io::Error::from_raw_os_error(
+            libc::ENOSPC,
+        ))),
+    ] {
+        let io = std::iter::successors(e.source(), |e| (*e).source())
+            .find_map(|e| e.downcast_ref::<io::Error>())
+            .unwrap_or_else(|| panic!("no I/O error under {e:?}"));
+        assert!(matches!(
+            io.raw_os_error(),
+            Some(libc::EIO) | Some(libc::ENOSPC)
+        ));
+        assert_eq!(
+            crate::error::is_disk_full(&e),
+            matches!(e, Error::DiskFull { .. })
+        );
+    }
+}
