@@ -35,8 +35,10 @@ pub enum Error {
     DiskFull {
         /// The whole description, the source's words included.
         detail: String,
-        /// The failure that found the disk full; none for a write refused
-        /// for an earlier one (see [`Error::Refused`]).
+        /// The failure that found the disk full; none when no failure
+        /// did: a write refused while the store is degraded by an earlier
+        /// one (see `crate::degraded`), or a free-space check that fell
+        /// short.
         #[source]
         source: Option<StorageSource>,
     },
