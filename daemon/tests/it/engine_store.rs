@@ -1,5 +1,4 @@
 //! Durability, compaction, retention and the exact errors of the queue.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::time::Duration;
