@@ -13,6 +13,22 @@
 //! *invalid*: it is listed with `valid: false`, skipped with a warning when
 //! loading, and never handed to a worker. Loading and resuming both use the
 //! newest valid checkpoint.
+//!
+//! A durable step keeps the first result recorded under its name, so a
+//! resumed attempt gets that result back instead of running the step again.
+//!
+//! Resuming: every attempt after the first (a restart after a failure, a
+//! lost shim, or recovery at start) begins with a commit that, in the same
+//! write transaction, looks up the newest valid checkpoint ([`Resume`]) and
+//! appends one lifecycle event after "starting attempt N": "resumed from
+//! checkpoint K (seq S); frames S+1..T came from the abandoned attempt" (T
+//! is the stream's last seq before that event), or "no valid checkpoint;
+//! starting fresh" when every stored one is invalid, or nothing when there
+//! are none. Only a resumed attempt's `ShimSpec` has `resumed` set, which
+//! the shim turns into `TETHER_RESUMED=1`; the worker then loads the
+//! checkpoint itself. Nothing in the stream is deleted or rewritten:
+//! readers see the abandoned attempt's output, then the event that says
+//! where the new attempt took up.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};

@@ -1,6 +1,28 @@
 //! Attempts: a run is recorded, each attempt's shim is started and
 //! watched, the shim attaches and reports the worker's exit, and the
 //! restart policy decides what follows.
+//!
+//! `tether run` records a `pending` manifest (and a "submitted" event) and
+//! answers with the execution id, which is also the output stream's name.
+//! Each attempt then commits `starting`, spawns `tether-shim EXECUTION
+//! ATTEMPT` (the program [`crate::Config::shim_program`] names) and records
+//! the shim's pid and start ticks. The shim starts the worker, connects as
+//! a producer, says `ShimHello` (pids, start ticks, boot id) and, once
+//! accepted, appends the worker's lines (producer
+//! `shim-<execution>-<attempt>`). The hello of a `starting` attempt commits
+//! `running` ("started pid N").
+//!
+//! When the worker has exited and every line is acknowledged, the shim
+//! sends `WorkerExited`. The daemon commits the end of the attempt and the
+//! policy's decision together ("exited 1" + "restarting in 1s (attempt
+//! 3)"), answers `ExitRecorded`, and the shim exits. A shim exit seen
+//! through its pidfd without a recorded worker exit makes the attempt
+//! `lost`: the daemon SIGKILLs the orphaned worker and what is left in the
+//! shim's session, then applies the policy.
+//!
+//! A `ShimHello` for an unknown execution is refused with `not_found`, and
+//! one for an attempt that has ended with `invalid_request`; the shim then
+//! kills its worker and exits.
 
 use std::sync::Arc;
 use std::time::Duration;

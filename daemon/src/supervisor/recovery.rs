@@ -1,5 +1,13 @@
 //! Recovery at start: which recorded shims are still alive, and what
 //! becomes of the executions whose shims are not.
+//!
+//! Before the socket accepts anything, the daemon loads every manifest. A
+//! `starting` or `running` execution whose recorded shim matches a live
+//! process (same boot, pid and start ticks, see [`classify`]) is held
+//! through a pidfd until its shim reconnects and says hello again; nothing
+//! is written for it. Any other is `lost` and handled by its policy.
+//! `pending` executions start; `backoff` timers resume from the manifest's
+//! `next_attempt_micros`.
 
 use std::io;
 use std::sync::Arc;

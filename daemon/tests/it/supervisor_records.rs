@@ -1,6 +1,5 @@
 //! Execution records in the store: a manifest and its lifecycle events are
 //! written in one transaction, and manifests are loaded back as written.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;
 use tether_protocol::FrameKind;

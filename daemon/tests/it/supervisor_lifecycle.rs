@@ -7,7 +7,6 @@
 //! speaks the shim's side of the protocol itself, with real processes
 //! standing in for workers, so every step of the exchange is under its
 //! control.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::process::{Child, Command};
@@ -21,9 +20,7 @@ use tether_protocol::{
 use tetherd::supervisor::manifest::Manifest;
 use tetherd::supervisor::procfs::{self, ProcessId};
 
-mod support;
-
-use support::*;
+use crate::support::*;
 
 /// A stand-in worker: a real process with a real identity.
 struct Worker {

@@ -1,6 +1,5 @@
 //! Following streams: the hand-over from store reads to live batches, slow
 //! followers switched to the store, and live (no replay) subscriptions.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 

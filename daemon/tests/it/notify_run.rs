@@ -1,8 +1,6 @@
 //! The daemon in-process under a stand-in service manager: readiness and
 //! stopping notifications, an inherited socket, and config reloads.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::os::unix::net::{UnixDatagram, UnixListener};
 use std::time::Duration;
 

@@ -2,7 +2,6 @@
 //! (resends included), consumer opens and acks, compaction and reopening
 //! from disk, checked step by step against a `BTreeMap` of what must be
 //! stored.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::path::Path;

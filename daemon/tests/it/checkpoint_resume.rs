@@ -3,7 +3,6 @@
 //! The daemon runs in-process and starts a stand-in shim (a shell script
 //! that keeps its spec and pid for the test, then sleeps); the test speaks
 //! the shim's side of the protocol, so it decides when each attempt ends.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,9 +15,7 @@ use tether_protocol::{
 };
 use tetherd::supervisor::procfs::{self, ProcessId};
 
-mod support;
-
-use support::*;
+use crate::support::*;
 
 /// The shim's side of one attempt, with a stand-in worker.
 struct Attempt {

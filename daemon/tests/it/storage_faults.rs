@@ -3,7 +3,6 @@
 //! `store_io::FaultyOpener` (feature `test-hooks`); and a store damaged
 //! while closed, which opening refuses without writing a byte, but for a
 //! torn tail.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -2,8 +2,6 @@
 //! in-process with a stand-in shim (a shell script that keeps its spec and
 //! pid for the test, then sleeps), and a bare protocol client, so that the
 //! test speaks the shim's side of the protocol itself.
-// Each test binary uses its own part of the harness.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

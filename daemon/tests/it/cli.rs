@@ -1,8 +1,6 @@
 //! The `tetherd` binary's command line: version, usage errors, refusals
 //! that happen before any socket is bound.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::process::Command;
 
 fn tetherd() -> Command {

@@ -1,7 +1,6 @@
 //! Checkpoints and durable steps in the queue: ids, retention, the seq a
 //! checkpoint records, durability across a reopen, corruption, refusals,
 //! and what a restarted attempt resumes from.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 
