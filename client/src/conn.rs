@@ -189,6 +189,43 @@ pub struct ConnectOptions {
     /// for larger frames; a small value saves memory in processes that
     /// exchange few bytes (a shim reads only acknowledgements).
     pub buffer_size: usize,
+    /// Told once when the daemon cannot store (a full disk, a failing
+    /// one) while unacknowledged data is kept and retried.
+    pub on_storage_fault: StorageFaultNotice,
+}
+
+/// What a session owner is told when the daemon cannot store what it
+/// sends: once per fault, until something is stored again. By default a
+/// `tracing` warning; a command line prints it, a shim writes it to its
+/// log.
+#[derive(Clone, Default)]
+pub struct StorageFaultNotice(Option<std::sync::Arc<SayFault>>);
+
+/// How a [`StorageFaultNotice`] says it.
+type SayFault = dyn Fn(&Error) + Send + Sync;
+
+impl StorageFaultNotice {
+    /// Calls `say` with the fault.
+    pub fn new(say: impl Fn(&Error) + Send + Sync + 'static) -> Self {
+        Self(Some(std::sync::Arc::new(say)))
+    }
+
+    fn tell(&self, cause: &Error) {
+        match &self.0 {
+            Some(say) => say(cause),
+            None => tracing::warn!("{cause}; keeping unacknowledged data and retrying"),
+        }
+    }
+}
+
+impl fmt::Debug for StorageFaultNotice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "StorageFaultNotice(custom)"
+        } else {
+            "StorageFaultNotice(tracing)"
+        })
+    }
 }
 
 impl Default for ConnectOptions {
@@ -201,6 +238,7 @@ impl Default for ConnectOptions {
             backoff_initial: backoff::DEFAULT_INITIAL,
             backoff_cap: backoff::DEFAULT_CAP,
             buffer_size: DEFAULT_BUFFER_SIZE,
+            on_storage_fault: StorageFaultNotice::default(),
         }
     }
 }
@@ -536,6 +574,9 @@ pub struct Link {
     /// handshake dropped half-way would otherwise start over, and one that
     /// is interrupted often enough would never finish.
     attempt: Option<Attempt>,
+    /// The daemon's storage fault was told since the last progress: a
+    /// fault that outlasts many sessions is told once.
+    fault_told: bool,
 }
 
 /// A connection attempt (transport and handshake) in progress.
@@ -561,6 +602,7 @@ impl Link {
             outage_since: None,
             retry_at: None,
             attempt: None,
+            fault_told: false,
         }
     }
 
@@ -670,10 +712,12 @@ impl Link {
     pub fn lose(&mut self, cause: Error) -> Result<()> {
         if cause.is_transient() {
             tracing::debug!(endpoint = %self.connector.endpoint, "session lost: {cause}");
-            if self.outage_since.is_none() && is_storage_fault(&cause) {
-                // A full disk can last; say so once per outage rather than
-                // retrying in silence (nothing unacknowledged is dropped).
-                eprintln!("tether: {cause}; keeping unacknowledged data and retrying");
+            if !self.fault_told && is_storage_fault(&cause) {
+                // A full disk can last; say so once rather than retrying
+                // in silence (nothing unacknowledged is dropped), and not
+                // again for each session it refuses.
+                self.fault_told = true;
+                self.connector.options.on_storage_fault.tell(&cause);
             }
             self.outage_since.get_or_insert_with(Instant::now);
             self.state = LinkState::Down(cause);
@@ -695,6 +739,7 @@ impl Link {
     /// from its initial delay.
     pub fn progressed(&mut self) {
         self.outage_since = None;
+        self.fault_told = false;
         self.backoff.reset();
     }
 

@@ -393,9 +393,11 @@ impl Publisher {
         };
         match await_answer(conn, name, accepts).await {
             Ok(_) => {
-                // Being accepted is progress: a daemon that was restarted
-                // is reached again at once the next time.
-                self.link.progressed();
+                // Being accepted ends the outage, but is not progress: a
+                // daemon that takes the greeting and then cannot store
+                // (a full disk) must not be asked again at once, over and
+                // over. The first frame it acknowledges resets the backoff.
+                self.link.recovered();
                 self.become_ready()
             }
             Err(Error::Daemon { code, message }) if !code.is_transient() => {

@@ -51,7 +51,12 @@ pub struct Frame {
 impl Supervised {
     /// A new sandbox with a running daemon.
     pub fn start() -> Self {
-        let sandbox = Sandbox::new();
+        Self::on(Sandbox::new())
+    }
+
+    /// A running daemon on `sandbox` (set up beforehand, e.g. on a small
+    /// disk).
+    pub fn on(sandbox: Sandbox) -> Self {
         let daemon = sandbox.start_daemon();
         Self {
             daemon: Some(daemon),

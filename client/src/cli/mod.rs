@@ -28,11 +28,13 @@ pub mod streams;
 pub mod table;
 pub mod tail;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use tether::conn::StorageFaultNotice;
 use tether::error::EXIT_OK;
 use tether::{ConnectOptions, Connector, Endpoint, Error, Result};
 
@@ -132,6 +134,14 @@ impl Context {
             ConnectOptions {
                 retry_window: self.connect_timeout,
                 client: format!("tether {} {command}", env!("CARGO_PKG_VERSION")),
+                on_storage_fault: StorageFaultNotice::new(|cause| {
+                    // A stderr that cannot be written must not stop the
+                    // command.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "tether: {cause}; keeping unacknowledged data and retrying"
+                    );
+                }),
                 ..ConnectOptions::default()
             },
         )

@@ -46,7 +46,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Child;
 
 use crate::backoff::Backoff;
-use crate::conn::{ConnectOptions, Connector, Endpoint, RETRY_FOREVER};
+use crate::conn::{ConnectOptions, Connector, Endpoint, StorageFaultNotice, RETRY_FOREVER};
 use crate::error::{Error, Result};
 use crate::publisher::{Greeting, Publisher, PublisherOptions};
 use crate::time::{now_micros, Rfc3339};
@@ -477,6 +477,14 @@ fn connector(spec: &ShimSpec, options: &ShimOptions) -> Connector {
             backoff_initial: options.backoff_initial,
             backoff_cap: options.backoff_cap,
             buffer_size: BUFFER_SIZE,
+            on_storage_fault: {
+                let log = Log::new(spec);
+                StorageFaultNotice::new(move |cause| {
+                    log.say(format_args!(
+                        "{cause}; holding the worker's output until the daemon can store it"
+                    ));
+                })
+            },
             ..ConnectOptions::default()
         },
     )

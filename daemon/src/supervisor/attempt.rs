@@ -397,7 +397,10 @@ impl Inner {
             pid: worker_pid,
             start_ticks: hello.worker_start_ticks,
         };
-        if exec.worker.as_ref().is_none_or(|w| w.pid() != worker_pid) {
+        // A shim sends its greeting on every session; only the first in
+        // this daemon's life (a reattach after a restart) is news.
+        let first_here = exec.worker.as_ref().is_none_or(|w| w.pid() != worker_pid);
+        if first_here {
             exec.worker = match Pidfd::open_verified(worker) {
                 Ok(pidfd) => pidfd.map(Arc::new),
                 Err(e) => {
@@ -415,8 +418,10 @@ impl Inner {
                 // Stopped while starting: the worker exists only now.
                 terminate_worker(&exec, libc::SIGTERM);
             }
-        } else {
+        } else if first_here {
             tracing::info!(execution = %id, "shim pid {} reattached (worker pid {worker_pid})", hello.shim_pid);
+        } else {
+            tracing::debug!(execution = %id, "shim pid {} opened another session", hello.shim_pid);
         }
         Ok(())
     }

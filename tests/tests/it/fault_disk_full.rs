@@ -577,3 +577,46 @@ fn clock_ticks_per_second() -> u64 {
         .parse()
         .unwrap_or_else(|e| panic!("getconf CLK_TCK printed {:?}: {e}", out.stdout))
 }
+
+#[test]
+fn a_workers_output_waits_in_its_shim_while_the_disk_is_full_and_none_is_lost() {
+    let Some((sb, tmpfs)) = sandbox_on_a_small_tmpfs() else {
+        return;
+    };
+    let mut sup = tether_tests::supervise::Supervised::on(sb);
+    // Twice what the disk holds, as fast as the worker can write it.
+    let script = format!(
+        "awk 'BEGIN {{ for (i = 1; i <= {LINES}; i++) {{ s = sprintf(\"wide-%09d-\", i); \
+         while (length(s) < {WIDTH} - 1) s = s \"x\"; print s }} }}'"
+    );
+    let id = sup.run_sh(&[], &script);
+    wait_until(
+        Duration::from_secs(120),
+        "the daemon to log the full disk",
+        || sup.daemon().logs().contains("storage degraded: "),
+    );
+    // The worker is held up on its pipe, not failed, and not finished.
+    std::thread::sleep(Duration::from_secs(10));
+    let info = sup.info(&id);
+    assert_eq!(info["state"], "running", "{info}");
+
+    tmpfs.resize("64m");
+    sup.wait_state(&id, "completed", Duration::from_secs(240));
+    let expected: Vec<String> = wide_lines(1..=LINES, WIDTH)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let stored = sup.stdout_lines(&id);
+    assert_eq!(stored.len(), expected.len(), "lines stored");
+    assert!(stored == expected, "every line once, in order");
+    assert_cleared_once(sup.daemon(), "storage full: ");
+    // The shim asked again about once a second, not in a tight loop, and
+    // the daemon's log did not note each of its sessions.
+    let logs = sup.daemon().logs();
+    assert!(!logs.contains("reattached"), "{logs}");
+    let told = sup
+        .shim_log(&id)
+        .matches("holding the worker's output")
+        .count();
+    assert_eq!(told, 1, "the shim says once that it holds the output");
+}
