@@ -21,6 +21,10 @@ pub enum Error {
     #[error("{0}")]
     Damaged(Box<Damage>),
 
+    /// Damage in more than one place (`tetherd check`), each named.
+    #[error("{}", list_places(.0))]
+    DamagedPlaces(Vec<Damage>),
+
     /// A running daemon found its store damaged when asked to verify it
     /// (`tetherd check` beside a daemon); its words.
     #[error("{0}")]
@@ -155,7 +159,10 @@ impl Error {
     pub fn is_damage(&self) -> bool {
         matches!(
             self,
-            Error::Damaged(_) | Error::CorruptStore { .. } | Error::DamageReported(_)
+            Error::Damaged(_)
+                | Error::DamagedPlaces(_)
+                | Error::CorruptStore { .. }
+                | Error::DamageReported(_)
         )
     }
 
@@ -169,6 +176,7 @@ impl Error {
             | Error::Refused(_)
             | Error::CorruptStore { .. }
             | Error::Damaged(_)
+            | Error::DamagedPlaces(_)
             | Error::DamageReported(_)
             | Error::Io { .. } => ErrorCode::STORAGE,
             Error::StreamNotFound(_) | Error::ExecutionNotFound(_) => ErrorCode::NOT_FOUND,
@@ -325,6 +333,15 @@ pub struct Damage {
     pub what: String,
     /// What is affected: stream and seq ranges, or what cannot be known.
     pub affected: String,
+}
+
+/// Every damaged place, one a line.
+fn list_places(places: &[Damage]) -> String {
+    let mut text = format!("the store is damaged in {} places:", places.len());
+    for place in places {
+        text.push_str(&format!("\n  {place}"));
+    }
+    text
 }
 
 impl std::fmt::Display for Damage {

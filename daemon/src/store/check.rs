@@ -57,7 +57,26 @@ pub(super) fn verify_dir(state_dir: &Path) -> Result<String> {
     // (where it goes on after the records it applied), in memory only.
     let overlay = OverlayOpener::new(Arc::new(OsOpener));
     let mut log = Wal::open(&log_path, capacity, &overlay)?;
-    verify_log(&db, &log)?;
+    match verify_log(&db, &log) {
+        Ok(()) => {}
+        Err(Error::Damaged(in_log)) => {
+            // The store file's own frames are checked all the same, so that
+            // every damaged place is named (not the chunks the log keeps:
+            // the log's damage covers those).
+            let mut places = match verify_frames(&db, &log.reader(), &store) {
+                Err(Error::Damaged(place)) => vec![*place],
+                Err(Error::DamagedPlaces(places)) => places,
+                _ => Vec::new(),
+            };
+            places.retain(|place| place.file != log_path);
+            places.insert(0, *in_log);
+            return Err(match places.len() {
+                1 => Error::Damaged(Box::new(places.remove(0))),
+                _ => Error::DamagedPlaces(places),
+            });
+        }
+        Err(e) => return Err(e),
+    }
     // Commits only the log holds (after a crash) are frames too: applied
     // to the store as start-up would, in memory, they are checked with the
     // rest.
@@ -82,8 +101,8 @@ struct Totals {
 
 /// Reads every chunk of every stream (those the log keeps through
 /// `reader`) in one snapshot of the store file `store_file`: the summary
-/// line when all is whole, or the first damage found, naming the stream
-/// and seq.
+/// line when all is whole, or every damaged place found (the first of
+/// each stream), naming the stream and seqs.
 pub(super) fn verify_frames(
     db: &impl ReadableDatabase,
     reader: &LogReader,
@@ -115,16 +134,23 @@ pub(super) fn verify_frames(
     let store_file = store_file.to_path_buf();
     let mut totals = Totals::default();
     let mut kept = Vec::new();
-    for item in streams.iter().map_err(super::storage)? {
+    // Every damaged place, one per stream at most: a stream's frames past
+    // its first damage are not checked.
+    let mut found = Vec::new();
+    'streams: for item in streams.iter().map_err(super::storage)? {
         let (name, meta) = item.map_err(super::storage)?;
         let name = name.value().to_owned();
-        let meta: StreamMeta = postcard::from_bytes(meta.value()).map_err(|e| {
-            damaged(
-                &store_file,
-                format!("the metadata of stream {name:?} does not decode: {e}"),
-                "the whole stream".into(),
-            )
-        })?;
+        let meta: StreamMeta = match postcard::from_bytes(meta.value()) {
+            Ok(meta) => meta,
+            Err(e) => {
+                found.push(damage(
+                    &store_file,
+                    format!("the metadata of stream {name:?} does not decode: {e}"),
+                    format!("the whole stream {name:?}"),
+                ));
+                continue;
+            }
+        };
         totals.streams += 1;
         let mut next = meta.first_seq;
         let range = chunks
@@ -135,6 +161,7 @@ pub(super) fn verify_frames(
             let first = key.value().1;
             let value = value.value();
             let in_log = InLog::parse(value).map(|r| (r.at, r.len));
+            let from_first = format!("stream {name:?} seqs from {first}");
             let bytes = match chunk_bytes(value, reader, &mut kept, &name, first) {
                 Ok(Some(bytes)) => bytes,
                 Ok(None) => continue,
@@ -144,28 +171,35 @@ pub(super) fn verify_frames(
                     } else {
                         &store_file
                     };
-                    return Err(damaged(
-                        file,
-                        e.to_string(),
-                        format!("stream {name:?} seqs from {first}"),
-                    ));
+                    found.push(damage(file, e.to_string(), from_first));
+                    continue 'streams;
                 }
             };
-            let iter = ChunkIter::new(first, bytes).map_err(|e| {
-                damaged(
-                    &store_file,
-                    format!("chunk {first} of stream {name:?} does not decode: {e}"),
-                    format!("stream {name:?} seqs from {first}"),
-                )
-            })?;
-            for frame in iter {
-                let frame = frame.map_err(|e| {
-                    damaged(
+            let iter = match ChunkIter::new(first, bytes) {
+                Ok(iter) => iter,
+                Err(e) => {
+                    found.push(damage(
                         &store_file,
-                        format!("a frame of chunk {first} of stream {name:?} does not decode: {e}"),
-                        format!("stream {name:?} seqs from {first}"),
-                    )
-                })?;
+                        format!("chunk {first} of stream {name:?} does not decode: {e}"),
+                        from_first,
+                    ));
+                    continue 'streams;
+                }
+            };
+            for frame in iter {
+                let frame = match frame {
+                    Ok(frame) => frame,
+                    Err(e) => {
+                        found.push(damage(
+                            &store_file,
+                            format!(
+                                "a frame of chunk {first} of stream {name:?} does not decode: {e}"
+                            ),
+                            from_first,
+                        ));
+                        continue 'streams;
+                    }
+                };
                 // A chunk cut by compaction may start before the first
                 // seq kept; frames below it are not the stream's any more.
                 if frame.seq < meta.first_seq {
@@ -175,7 +209,7 @@ pub(super) fn verify_frames(
                     next = past_lost(meta.id, next)?.min(frame.seq);
                 }
                 if frame.seq != next {
-                    return Err(damaged(
+                    found.push(damage(
                         &store_file,
                         format!(
                             "stream {name:?} goes from seq {} to seq {}",
@@ -184,6 +218,7 @@ pub(super) fn verify_frames(
                         ),
                         format!("stream {name:?} seqs {next}..={}", frame.seq - 1),
                     ));
+                    continue 'streams;
                 }
                 next += 1;
                 totals.frames += 1;
@@ -194,7 +229,7 @@ pub(super) fn verify_frames(
             next = past_lost(meta.id, next)?.min(meta.last_seq + 1);
         }
         if next != meta.last_seq + 1 {
-            return Err(damaged(
+            found.push(damage(
                 &store_file,
                 format!(
                     "stream {name:?} ends at seq {}, but its metadata says {}",
@@ -205,17 +240,76 @@ pub(super) fn verify_frames(
             ));
         }
     }
-    Ok(format!(
-        "ok: {} streams, {} frames, {} bytes",
-        totals.streams, totals.frames, totals.bytes
-    ))
+    match found.len() {
+        0 => Ok(format!(
+            "ok: {} streams, {} frames, {} bytes",
+            totals.streams, totals.frames, totals.bytes
+        )),
+        1 => Err(Error::Damaged(Box::new(found.remove(0)))),
+        _ => Err(Error::DamagedPlaces(found)),
+    }
 }
 
-fn damaged(file: &Path, what: String, affected: String) -> Error {
-    Error::Damaged(Box::new(Damage {
+fn damage(file: &Path, what: String, affected: String) -> Damage {
+    Damage {
         file: file.to_path_buf(),
         offset: None,
         what,
         affected,
-    }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use redb::Database;
+
+    use super::*;
+    use crate::store::tests::{frame_of, UNPREPARED_LOG};
+    use crate::store::Store;
+
+    #[test]
+    fn check_names_every_damaged_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tether.redb");
+        let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
+        for (id, name) in [(1, "a"), (2, "b"), (3, "c")] {
+            store
+                .write(|txn| {
+                    for seq in 1..=3 {
+                        txn.put_frame(id, seq, &frame_of(b"x"))?;
+                    }
+                    let mut meta = StreamMeta::new(id, 0);
+                    meta.last_seq = 3;
+                    meta.frames = 3;
+                    meta.bytes = 3;
+                    txn.put_stream(name, &meta)
+                })
+                .unwrap();
+        }
+        store.close().unwrap();
+        drop(store);
+        assert_eq!(run(dir.path()).unwrap(), "ok: 3 streams, 9 frames, 9 bytes");
+
+        // Streams a and c get a chunk that does not decode.
+        let db = Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut chunks = txn.open_table(CHUNKS).unwrap();
+            for id in [1, 3] {
+                chunks.insert((id, 1), &[9u8, 9, 9, 9, 9][..]).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+        drop(db);
+        let err = run(dir.path()).unwrap_err();
+        let text = err.to_string();
+        assert!(err.is_damage(), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "the store is damaged in 2 places:", "{text}");
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[1].contains("chunk 1 of stream \"a\""), "{text}");
+        assert!(lines[2].contains("chunk 1 of stream \"c\""), "{text}");
+    }
 }

@@ -249,9 +249,8 @@ fn repair_changes_nothing_when_its_copy_would_not_fit_on_the_disk() {
     let store = sb.state_dir().join(STORE_FILE);
     let len = std::fs::metadata(&store).unwrap().len();
     assert!(len > 2 * 1024 * 1024, "the store holds the frames: {len}");
-    for at in (0..len).step_by(64 * 1024) {
-        damage::flip_byte(&store, at);
-    }
+    // Its magic number: damage every check finds, the file as long.
+    damage::flip_byte(&store, 0);
     // Room for half a copy more than the files hold.
     let size = len + std::fs::metadata(log_file(&sb)).unwrap().len();
     tmpfs.resize(&format!("{}k", (size + size / 2) / 1024 + 64));
