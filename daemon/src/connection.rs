@@ -41,8 +41,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::access::{self, Peer};
+use crate::engine::{AppendOutcome, Queue, AWAKE_FOR};
 use crate::ingest::{Incoming, IngestAppend, SessionCodec, SessionReader};
-use crate::queue::{AppendOutcome, Queue, AWAKE_FOR};
 use crate::subscription::{SubEvent, Subscription, WireForm};
 use crate::supervisor::Supervisor;
 use crate::{Config, Error};
