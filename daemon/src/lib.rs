@@ -3,7 +3,7 @@
 //!
 //! * [`store`] is the only module that touches redb: tables, transactions,
 //!   range reads, compaction batches.
-//! * [`queue`] owns the writer thread: it assigns seqs, deduplicates
+//! * [`engine`] owns the writer thread: it assigns seqs, deduplicates
 //!   producers, group-commits appends and acks, compacts off the hot path and
 //!   hands committed frames to [`hub`] for live fan-out.
 //! * [`wal`] is the write-ahead log in front of redb: a commit is one
@@ -21,7 +21,7 @@
 //!   execution state machine, restart policy, process identity and pidfds,
 //!   recovery of live shims after a restart.
 //! * [`checkpoint`] is the checkpoint record (CRC-32, validity) and what a
-//!   restarted attempt resumes from; the queue stores checkpoints and
+//!   restarted attempt resumes from; the engine stores checkpoints and
 //!   durable steps, the supervisor resumes attempts from them.
 //! * [`notify`] reports readiness, status and watchdog pings to the
 //!   service manager; [`activation`] adopts a socket it passed.
@@ -33,12 +33,12 @@ pub mod checkpoint;
 pub mod config;
 pub mod connection;
 pub mod degraded;
+pub mod engine;
 pub mod error;
 pub mod hub;
 pub mod ingest;
 pub mod lock;
 pub mod notify;
-pub mod queue;
 pub mod server;
 pub mod shutdown;
 pub mod store;
@@ -50,6 +50,9 @@ pub mod wal;
 
 pub use config::Config;
 pub use error::{Error, Result};
+
+/// The engine under its earlier name, which `supervisor` still imports.
+pub(crate) use engine as queue;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -113,17 +116,18 @@ pub async fn run_with(
     create_private_dir(&config.state_dir)?;
     let _lock = lock::StateLock::acquire(&config.state_dir)?;
     store::repair::refuse_interrupted(&config.state_dir)?;
-    let queue_options = queue::QueueOptions {
+    let queue_options = engine::QueueOptions {
         retention: config.retention.clone(),
         checkpoint_keep: config.checkpoint_keep,
         max_checkpoint_bytes: config.max_checkpoint_bytes,
         log_capacity: config.log_capacity,
-        ..queue::QueueOptions::default()
+        ..engine::QueueOptions::default()
     };
     let store_path = config.store_path();
-    let queue = tokio::task::spawn_blocking(move || queue::Queue::open(&store_path, queue_options))
-        .await
-        .map_err(|e| Error::storage("store opening task failed", e))??;
+    let queue =
+        tokio::task::spawn_blocking(move || engine::Queue::open(&store_path, queue_options))
+            .await
+            .map_err(|e| Error::storage("store opening task failed", e))??;
     status("recovering executions");
     let settings = supervisor::Settings::from_config(&config)?;
     // Executions are recovered before the socket accepts anything, so that
@@ -211,7 +215,7 @@ fn listen(
 /// returned handles are dropped. (`STOPPING=1` is sent by `run_with`.)
 fn service_tasks(
     notifier: Arc<notify::Notifier>,
-    queue: &queue::Queue,
+    queue: &engine::Queue,
     shutdown: &CancellationToken,
 ) -> Vec<AbortOnDropHandle<()>> {
     let mut tasks = Vec::new();
@@ -227,7 +231,7 @@ fn service_tasks(
 /// stops pinging, and the service manager restarts it.
 async fn watchdog(
     notifier: Arc<notify::Notifier>,
-    queue: queue::Queue,
+    queue: engine::Queue,
     every: Duration,
     shutdown: CancellationToken,
 ) {
@@ -251,7 +255,7 @@ async fn watchdog(
 /// Applies reloaded configs: the log level was already applied by the
 /// caller; what can only change at a restart is logged as not applied.
 async fn apply_reloads(
-    queue: queue::Queue,
+    queue: engine::Queue,
     mut current: Config,
     mut reloads: mpsc::UnboundedReceiver<Config>,
 ) {
@@ -267,7 +271,7 @@ async fn apply_reloads(
 }
 
 /// Puts new retention limits in force.
-async fn apply_retention(queue: &queue::Queue, retention: &config::Retention) {
+async fn apply_retention(queue: &engine::Queue, retention: &config::Retention) {
     match queue.set_retention(retention.clone()).await {
         Ok(()) => tracing::info!(?retention, "config reload: retention applied"),
         Err(e) => tracing::warn!("config reload: cannot apply the new retention: {e}"),

@@ -7,7 +7,7 @@ use std::path::Path;
 use bytes::Bytes;
 use tether_protocol::{Append, CheckpointSave, ErrorCode, FrameKind};
 use tetherd::checkpoint::Resume;
-use tetherd::queue::{Queue, QueueOptions};
+use tetherd::engine::{Queue, QueueOptions};
 use tetherd::store::corrupt_checkpoint_for_tests;
 use tetherd::subscription::SubEvent;
 use tetherd::Error;

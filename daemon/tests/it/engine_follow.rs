@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tether_protocol::{Append, FrameKind};
+use tetherd::engine::{Queue, QueueOptions};
 use tetherd::hub::FollowerBudget;
-use tetherd::queue::{Queue, QueueOptions};
 use tetherd::subscription::{SubEvent, Subscription};
 
 fn appends(stream: &str, producer: &str, pseqs: std::ops::Range<u64>, len: usize) -> Vec<Append> {

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use tether_protocol::{Append, FrameKind, Gap};
 use tetherd::config::Retention;
-use tetherd::queue::{Queue, QueueOptions};
+use tetherd::engine::{Queue, QueueOptions};
 use tetherd::subscription::SubEvent;
 use tetherd::Error;
 

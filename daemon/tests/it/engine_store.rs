@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tether_protocol::{Append, ClientCodec, ConsumerInfo, Durable, FrameKind, Gap, Response};
 use tetherd::config::Retention;
-use tetherd::queue::{Queue, QueueOptions};
+use tetherd::engine::{Queue, QueueOptions};
 use tetherd::subscription::{SubEvent, Subscription, WireForm};
 use tetherd::Error;
 use tokio_util::codec::Decoder;

@@ -647,9 +647,9 @@ async fn a_manifest_naming_a_reused_pid_is_lost_and_that_process_left_alone() {
     // The right identity, but recorded in another boot.
     rebooted.shim = Some(stranger_shim.id);
     {
-        let queue = tetherd::queue::Queue::open(
+        let queue = tetherd::engine::Queue::open(
             &env.config().store_path(),
-            tetherd::queue::QueueOptions::default(),
+            tetherd::engine::QueueOptions::default(),
         )
         .unwrap();
         for m in [&stale, &rebooted] {

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 use tether_protocol::FrameKind;
-use tetherd::queue::{Queue, QueueOptions};
+use tetherd::engine::{Queue, QueueOptions};
 use tetherd::subscription::SubEvent;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,344 @@
+//! Serving requests: each is authorized (and control requests logged,
+//! naming the peer), then appends and acks join the pipeline while every
+//! other request waits for it to drain and is served in turn.
+//!
+//! Supervision requests (`Run`, `ListExecutions`, `Stop`) go to the
+//! supervisor. A `ShimHello` makes the session a shim session for one
+//! attempt of one execution; only such a session may report that attempt's
+//! `WorkerExited`, and because other requests first drain the pipeline, the
+//! exit is recorded only after every output frame sent before it.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tether_protocol::{
+    validate_name, Appended, DurableAck, ErrorCode, Request, Response, ShimHello, StatusInfo,
+    StorageFault, StorageState, WorkerExited, PROTOCOL_VERSION,
+};
+
+use super::{Refusal, Session};
+use crate::access;
+use crate::engine::{AppendOutcome, AWAKE_FOR};
+use crate::ingest::IngestAppend;
+use crate::Error;
+
+impl Session {
+    /// Handles one request other than an append.
+    pub(super) async fn dispatch(&mut self, request: Request) -> Result<(), Refusal> {
+        if let Request::Append(append) = request {
+            // `SessionCodec` hands appends over as batches; an `Append`
+            // here would come from another decoder, and is served (and
+            // authorized) the same.
+            return self.start_appends(vec![append.into()]).await;
+        }
+        self.authorize(&request)?;
+        match request {
+            Request::DurableAck(ack) => self.start_ack(ack),
+            other => {
+                // Keep answers in request order: finish the pipeline first.
+                while let Some(done) = self.pending.next().await {
+                    self.send_all(done?).await?;
+                }
+                self.handle_control(other).await
+            }
+        }
+    }
+
+    /// Refuses a request the peer may not send, and logs the control
+    /// actions it may, naming the peer's uid and pid.
+    fn authorize(&mut self, request: &Request) -> Result<(), Refusal> {
+        if let Err(why) = self.peer.permits(request) {
+            return Err(Refusal::new(ErrorCode::PERMISSION_DENIED, why));
+        }
+        if access::is_control(request) {
+            // Appends never come here: see `authorize_appends`.
+            let per_frame = matches!(request, Request::DurableAck(_));
+            self.log_control(request.name(), control_target(request), per_frame);
+        }
+        Ok(())
+    }
+
+    /// Logs a control request, naming the peer's uid and pid. Requests that
+    /// come by the thousand (`per_frame`) are logged once a session.
+    fn log_control(&mut self, request: &str, target: &str, per_frame: bool) {
+        if per_frame && std::mem::replace(&mut self.logged_writes, true) {
+            return;
+        }
+        if per_frame && self.shared.queue.storage_fault().is_some() {
+            // Producers retrying against a degraded store reconnect every
+            // few seconds; their sessions are refused, and the fault is
+            // logged once (see `crate::degraded`).
+            tracing::debug!(uid = self.peer.uid(), request, target, "control request");
+            return;
+        }
+        tracing::info!(
+            uid = self.peer.uid(),
+            pid = self.peer.pid(),
+            request,
+            target,
+            "control request"
+        );
+    }
+
+    /// Whether the session keeps its thread awake, yielding to any other
+    /// task, instead of letting it sleep until the answer comes: only for
+    /// a producer that waits on each ack, and for at most
+    /// [`AWAKE_FOR`] from the append. The answer comes from the writer
+    /// after the log's sync; a thread asleep then must be woken to send it
+    /// on, which on a virtual CPU adds tens of µs to every round trip.
+    pub(super) fn stays_awake(&self) -> bool {
+        self.awaiting_lone
+            .is_some_and(|since| since.elapsed() < AWAKE_FOR)
+    }
+
+    /// [`Session::authorize`] for a batch of appends.
+    fn authorize_appends(&mut self, batch: &[IngestAppend]) -> Result<(), Refusal> {
+        if let Err(why) = self.peer.permits_appends() {
+            return Err(Refusal::new(ErrorCode::PERMISSION_DENIED, why));
+        }
+        let target = batch.first().map_or("", |a| &*a.stream);
+        self.log_control("Append", target, true);
+        Ok(())
+    }
+
+    pub(super) async fn start_appends(&mut self, batch: Vec<IngestAppend>) -> Result<(), Refusal> {
+        self.authorize_appends(&batch)?;
+        let lone = batch.len() == 1 && self.pending.is_empty();
+        self.awaiting_lone = (lone && self.lone_streak).then(Instant::now);
+        self.lone_streak = lone;
+        // Submitted here, in socket order; only the outcome is awaited in
+        // the pipeline. See `Queue::submit_append`.
+        let outcomes = self.shared.queue.submit_append(batch).await?;
+        self.pending
+            .push_back(Box::pin(async move { Ok(coalesce_acks(outcomes.await?)) }));
+        Ok(())
+    }
+
+    fn start_ack(&mut self, ack: DurableAck) -> Result<(), Refusal> {
+        let Some(sub) = &self.subscription else {
+            return Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                "DurableAck needs an open subscription with a consumer name",
+            ));
+        };
+        let Some(consumer) = sub.consumer.clone() else {
+            return Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                format!(
+                    "DurableAck on stream {:?} needs a subscription opened with a consumer name",
+                    sub.stream
+                ),
+            ));
+        };
+        let stream = sub.stream.clone();
+        let queue = self.shared.queue.clone();
+        self.pending.push_back(Box::pin(async move {
+            queue.ack(&stream, &consumer, ack.through_seq).await?;
+            Ok(vec![Response::Acked(ack)])
+        }));
+        Ok(())
+    }
+
+    async fn handle_control(&mut self, request: Request) -> Result<(), Refusal> {
+        match request {
+            Request::Hello(_) => Err(Refusal::new(
+                ErrorCode::HELLO_REQUIRED,
+                "Hello was already received on this connection",
+            )),
+            Request::Subscribe(subscribe) => self.open_subscription(subscribe).await,
+            Request::DurableResume(resume) => self.resume_subscription(resume).await,
+            Request::ListStreams => {
+                let streams = self.shared.queue.list_streams().await?;
+                self.send_all(vec![Response::Streams(streams)]).await
+            }
+            Request::Status => {
+                let status = self.status();
+                self.send_all(vec![Response::Status(status)]).await
+            }
+            Request::Verify => {
+                let summary = self.shared.queue.verify().await?;
+                self.send_all(vec![Response::Verified(summary)]).await
+            }
+            Request::Storage => {
+                let degraded = self.shared.queue.storage_fault().map(|fault| StorageFault {
+                    cause: fault.cause,
+                    full: fault.full,
+                    since_micros: fault
+                        .since
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+                });
+                let state = StorageState { degraded };
+                self.send_all(vec![Response::Storage(state)]).await
+            }
+            Request::Run(mut spec) => {
+                // `[restart] max_restarts` of the config file: the limit of
+                // a run whose client set none.
+                if spec.max_restarts.is_none() {
+                    spec.max_restarts = self.shared.config.default_max_restarts;
+                }
+                let execution = self.shared.supervisor.run(spec).await?;
+                self.send_all(vec![Response::Started { execution }]).await
+            }
+            Request::ListExecutions { all } => {
+                let executions = self.shared.supervisor.list(all);
+                self.send_all(vec![Response::Executions(executions)]).await
+            }
+            Request::Stop {
+                execution,
+                timeout_ms,
+            } => self.stop(&execution, timeout_ms).await,
+            Request::ShimHello(hello) => self.shim_hello(hello).await,
+            Request::WorkerExited(exited) => self.worker_exited(exited).await,
+            Request::CheckpointSave(save) => {
+                validate_name("execution", &save.execution)?;
+                let meta = self.shared.queue.save_checkpoint(save).await?;
+                self.send_all(vec![Response::CheckpointSaved(meta)]).await
+            }
+            Request::CheckpointLoad { execution } => self.load_checkpoint(&execution).await,
+            Request::CheckpointList { execution } => {
+                validate_name("execution", &execution)?;
+                let list = self.shared.queue.list_checkpoints(&execution).await?;
+                self.send_all(vec![Response::Checkpoints(list)]).await
+            }
+            Request::StepGet { execution, step } => {
+                validate_name("execution", &execution)?;
+                let result = self.shared.queue.step(&execution, &step).await?;
+                self.send_all(vec![Response::StepResult(result)]).await
+            }
+            Request::StepPut {
+                execution,
+                step,
+                result,
+            } => {
+                validate_name("execution", &execution)?;
+                let kept = self
+                    .shared
+                    .queue
+                    .put_step(&execution, &step, result)
+                    .await?;
+                self.send_all(vec![Response::StepRecorded(kept)]).await
+            }
+            Request::Append(_) | Request::DurableAck(_) => Err(Refusal::new(
+                ErrorCode::INTERNAL,
+                "pipelined request reached the control path",
+            )),
+        }
+    }
+
+    /// The newest valid checkpoint; having none is `NOT_FOUND`, which the
+    /// client reports as "no checkpoint" (exit 3).
+    async fn load_checkpoint(&mut self, execution: &str) -> Result<(), Refusal> {
+        validate_name("execution", execution)?;
+        match self.shared.queue.load_checkpoint(execution).await? {
+            Some(checkpoint) => self.send_all(vec![Response::Checkpoint(checkpoint)]).await,
+            None => Err(Refusal::new(
+                ErrorCode::NOT_FOUND,
+                format!("execution {execution} has no valid checkpoint"),
+            )),
+        }
+    }
+
+    async fn stop(&mut self, execution: &str, timeout_ms: u64) -> Result<(), Refusal> {
+        let timeout = Duration::from_millis(timeout_ms);
+        let stopped = tokio::select! {
+            // Stopping can take the whole timeout; a daemon shutting down
+            // does not wait for it (the stop is recorded and carried on by
+            // the next daemon).
+            _ = self.shutdown.cancelled() => return Err(Error::ShuttingDown.into()),
+            stopped = self.shared.supervisor.stop(execution, timeout) => stopped?,
+        };
+        self.send_all(vec![Response::Stopped(stopped)]).await
+    }
+
+    async fn shim_hello(&mut self, hello: ShimHello) -> Result<(), Refusal> {
+        if let Some((execution, attempt)) = &self.shim {
+            if *execution != hello.execution || *attempt != hello.attempt {
+                return Err(Refusal::new(
+                    ErrorCode::INVALID_REQUEST,
+                    format!(
+                        "this connection is the shim of attempt {attempt} of {execution}; \
+                         open another connection for another attempt"
+                    ),
+                ));
+            }
+        }
+        let attached = (hello.execution.clone(), hello.attempt);
+        self.shared.supervisor.shim_hello(hello).await?;
+        self.shim = Some(attached);
+        self.send_all(vec![Response::ShimAccepted]).await
+    }
+
+    async fn worker_exited(&mut self, exited: WorkerExited) -> Result<(), Refusal> {
+        let is_its_shim = self
+            .shim
+            .as_ref()
+            .is_some_and(|(e, a)| *e == exited.execution && *a == exited.attempt);
+        if !is_its_shim {
+            return Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                format!(
+                    "WorkerExited for attempt {} of {} needs that attempt's ShimHello first \
+                     on the same connection",
+                    exited.attempt, exited.execution
+                ),
+            ));
+        }
+        self.shared.supervisor.worker_exited(exited).await?;
+        self.send_all(vec![Response::ExitRecorded]).await
+    }
+
+    fn status(&self) -> StatusInfo {
+        let shared = &self.shared;
+        StatusInfo {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            protocol: PROTOCOL_VERSION,
+            pid: std::process::id(),
+            uptime_secs: shared.started.elapsed().as_secs(),
+            socket: shared.config.socket.display().to_string(),
+            state_dir: shared.config.state_dir.display().to_string(),
+            store_bytes: shared.queue.store_bytes(),
+            streams: shared.queue.stream_count(),
+            executions: shared.supervisor.count(),
+            connections: shared.connections.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One cumulative `Appended` per (stream, producer) of a committed batch,
+/// carrying its highest producer seq. Appends of one producer arrive in
+/// producer-seq order, so the last outcome of each pair is the highest.
+fn coalesce_acks(outcomes: Vec<AppendOutcome>) -> Vec<Response> {
+    let mut newest: Vec<AppendOutcome> = Vec::new();
+    for outcome in outcomes {
+        match newest
+            .iter_mut()
+            .find(|n| n.stream == outcome.stream && n.producer == outcome.producer)
+        {
+            Some(n) => *n = outcome,
+            None => newest.push(outcome),
+        }
+    }
+    newest
+        .into_iter()
+        .map(|n| {
+            Response::Appended(Appended {
+                stream: n.stream.to_string(),
+                producer: n.producer.to_string(),
+                producer_seq: n.producer_seq,
+                seq: n.seq,
+            })
+        })
+        .collect()
+}
+
+/// What a control request acts on, for its log line.
+fn control_target(request: &Request) -> &str {
+    match request {
+        Request::Run(spec) => spec.name.as_deref().unwrap_or(""),
+        Request::Stop { execution, .. } | Request::StepPut { execution, .. } => execution,
+        Request::CheckpointSave(save) => &save.execution,
+        _ => "",
+    }
+}

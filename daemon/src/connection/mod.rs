@@ -1,0 +1,272 @@
+//! One client's session: Hello, then requests until the client leaves, the
+//! daemon shuts down, or a request is refused. This file holds the session
+//! and its loop; the files beside it hold its jobs:
+//!
+//! * `read`: the Hello, read by hand, and appends gathered into batches.
+//! * `dispatch`: each request authorized, then served or pipelined.
+//! * `subscribe`: the session's subscription, streamed to the socket.
+//! * `write`: answers and error frames, written to the socket.
+//!
+//! Appends and acks are pipelined: each becomes a future in an ordered set,
+//! so the session keeps reading while earlier commits are in flight and
+//! still answers in request order. Consecutive appends already buffered on
+//! the socket are handed to the queue as one batch. Other requests first let
+//! the pipeline drain, which keeps every answer in order without bookkeeping.
+
+mod dispatch;
+mod read;
+mod subscribe;
+mod write;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::stream::FuturesOrdered;
+use futures_util::StreamExt;
+use tether_protocol::{
+    Capabilities, ErrorCode, Hello, HelloOk, Response, ServerCodec, PROTOCOL_VERSION,
+};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio_util::codec::FramedWrite;
+use tokio_util::sync::CancellationToken;
+
+use crate::access::Peer;
+use crate::engine::Queue;
+use crate::ingest::{Incoming, SessionCodec, SessionReader};
+use crate::supervisor::Supervisor;
+use crate::{Config, Error};
+
+use read::{read_hello, HELLO_TIMEOUT};
+use subscribe::{recv_event, ActiveSubscription};
+use write::WRITE_BATCH_BYTES;
+
+/// The judged peer of a new connection, and the sentence it is refused
+/// with when it may not use the daemon at all.
+#[derive(Debug)]
+pub struct Admission {
+    pub peer: Peer,
+    /// `Some` for a peer that is refused after its Hello.
+    pub denial: Option<String>,
+}
+
+/// What every session shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub queue: Queue,
+    pub supervisor: Supervisor,
+    pub config: Config,
+    pub started: Instant,
+    /// Sessions currently open (for `tether status`).
+    pub connections: AtomicU64,
+}
+
+/// Append or ack batches in flight per session before it stops reading.
+const MAX_PIPELINE: usize = 64;
+
+/// Why a session ends with an error frame.
+#[derive(Debug)]
+struct Refusal {
+    code: ErrorCode,
+    message: String,
+    /// The client is gone: there is nobody to tell and nothing to warn about.
+    client_gone: bool,
+}
+
+impl Refusal {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            client_gone: false,
+        }
+    }
+}
+
+impl From<Error> for Refusal {
+    fn from(e: Error) -> Self {
+        Self::new(e.code(), e.to_string())
+    }
+}
+
+impl From<tether_protocol::Error> for Refusal {
+    fn from(e: tether_protocol::Error) -> Self {
+        Error::from(e).into()
+    }
+}
+
+/// How a session ended without a refusal.
+enum Ending {
+    /// The client closed its side.
+    ClientLeft,
+    /// The daemon is shutting down; the client is told so and may reconnect.
+    Shutdown,
+}
+
+type Pending = Pin<Box<dyn Future<Output = Result<Vec<Response>, Error>> + Send>>;
+
+/// Serves one connection to its end. Never panics on input; every failure
+/// is answered with an error frame (when the socket still takes one) and
+/// logged.
+pub async fn run(
+    stream: UnixStream,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    admission: Admission,
+) {
+    shared.connections.fetch_add(1, Ordering::Relaxed);
+    let (read_half, write_half) = stream.into_split();
+    let mut out = FramedWrite::new(write_half, ServerCodec::with_max_frame_len(usize::MAX));
+    // Frames are fed in bulk (a replay, a batch of live frames) and flushed
+    // once: writes of up to this size take fewer syscalls than the default
+    // 8 KiB, and the buffer only grows on a session that writes that much.
+    out.set_backpressure_boundary(WRITE_BATCH_BYTES);
+    let mut session = Session {
+        shared: shared.clone(),
+        out,
+        durable: false,
+        subscription: None,
+        pending: FuturesOrdered::new(),
+        shim: None,
+        shutdown: shutdown.clone(),
+        peer: admission.peer,
+        denial: admission.denial,
+        logged_writes: false,
+        lone_streak: false,
+        awaiting_lone: None,
+    };
+    match session.serve(read_half, &shutdown).await {
+        Ok(Ending::ClientLeft) => {}
+        Ok(Ending::Shutdown) => {
+            session
+                .send_error(Refusal::new(
+                    ErrorCode::SHUTTING_DOWN,
+                    "the daemon is shutting down; reconnect to resume",
+                ))
+                .await;
+        }
+        Err(refusal) if refusal.client_gone => {
+            tracing::debug!("client went away: {}", refusal.message);
+        }
+        Err(refusal)
+            if refusal.code == ErrorCode::STORAGE_FULL || refusal.code == ErrorCode::STORAGE =>
+        {
+            // A degraded store refuses every write until it clears, and
+            // says so in the log itself (see `crate::degraded`): a line per
+            // refused producer would fill the journal instead.
+            tracing::debug!(code = %refusal.code, "closing connection: {}", refusal.message);
+            session.send_error(refusal).await;
+        }
+        Err(refusal) => {
+            tracing::warn!(code = %refusal.code, "closing connection: {}", refusal.message);
+            session.send_error(refusal).await;
+        }
+    }
+    shared.connections.fetch_sub(1, Ordering::Relaxed);
+}
+
+struct Session {
+    shared: Arc<Shared>,
+    out: FramedWrite<OwnedWriteHalf, ServerCodec>,
+    durable: bool,
+    subscription: Option<ActiveSubscription>,
+    pending: FuturesOrdered<Pending>,
+    /// Set by `ShimHello`: the (execution, attempt) this session's shim runs.
+    shim: Option<(String, u32)>,
+    shutdown: CancellationToken,
+    /// Who is at the other end, and what they may do.
+    peer: Peer,
+    /// Why the peer is refused, if it is.
+    denial: Option<String>,
+    /// Appends and acks come by the thousand: only the session's first is
+    /// logged with the peer's identity.
+    logged_writes: bool,
+    /// Whether the last batch of appends was a lone append with nothing
+    /// else in flight: a producer that waits on each ack.
+    lone_streak: bool,
+    /// When such a producer's append, now in flight, was submitted, if
+    /// the session stays awake for its answer (see `Session::stays_awake`).
+    awaiting_lone: Option<Instant>,
+}
+
+impl Session {
+    async fn serve(
+        &mut self,
+        mut read_half: OwnedReadHalf,
+        shutdown: &CancellationToken,
+    ) -> Result<Ending, Refusal> {
+        let hello = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(Ending::Shutdown),
+            hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut read_half, self.shared.config.max_frame_len)) => match hello {
+                Err(_) => return Err(Refusal::new(ErrorCode::HELLO_REQUIRED, format!("no Hello within {HELLO_TIMEOUT:?}"))),
+                Ok(Ok(Some(hello))) => hello,
+                Ok(Ok(None)) => return Ok(Ending::ClientLeft),
+                Ok(Err(refusal)) => return Err(refusal),
+            },
+        };
+        // The peer was judged at accept; a refused one learns why in answer
+        // to its Hello, before any request is served.
+        if let Some(denial) = self.denial.take() {
+            return Err(Refusal::new(ErrorCode::PERMISSION_DENIED, denial));
+        }
+        self.accept_hello(&hello).await?;
+
+        let codec = SessionCodec::new(self.shared.config.max_frame_len);
+        let mut reader = SessionReader::new(read_half, codec);
+        let mut reading = true;
+        loop {
+            if !reading && self.pending.is_empty() {
+                return Ok(if shutdown.is_cancelled() {
+                    Ending::Shutdown
+                } else {
+                    Ending::ClientLeft
+                });
+            }
+            let subscribed = self
+                .subscription
+                .as_ref()
+                .is_some_and(|s| s.events.is_some());
+            tokio::select! {
+                // Shutdown stops reading; what is already in flight is
+                // finished and answered before the session ends.
+                _ = shutdown.cancelled(), if reading => reading = false,
+                Some(done) = self.pending.next(), if !self.pending.is_empty() => {
+                    self.send_all(done?).await?;
+                    if self.pending.is_empty() {
+                        self.awaiting_lone = None;
+                    }
+                }
+                // Another turn of the loop, after any task that can run.
+                () = tokio::task::yield_now(), if self.stays_awake() => {}
+                event = recv_event(&mut self.subscription), if subscribed => {
+                    self.deliver(event).await?;
+                }
+                request = reader.next(), if reading && self.pending.len() < MAX_PIPELINE => {
+                    match request {
+                        None => reading = false,
+                        Some(Err(e)) => return Err(e.into()),
+                        Some(Ok(Incoming::Appends(batch))) => {
+                            self.gather_appends(batch, &mut reader).await?;
+                        }
+                        Some(Ok(Incoming::Request(request))) => self.dispatch(request).await?,
+                    }
+                }
+            }
+        }
+    }
+
+    async fn accept_hello(&mut self, hello: &Hello) -> Result<(), Refusal> {
+        let granted = hello.capabilities.intersect(Capabilities::ALL);
+        self.durable = granted.contains(Capabilities::DURABLE);
+        tracing::debug!(client = %hello.client, durable = self.durable, "session opened");
+        let ok = Response::HelloOk(HelloOk {
+            version: PROTOCOL_VERSION,
+            capabilities: granted,
+            daemon: env!("CARGO_PKG_VERSION").to_owned(),
+        });
+        self.send_all(vec![ok]).await
+    }
+}

@@ -1,0 +1,38 @@
+//! Writing to the socket: answers, fed in bulk and flushed once, and the
+//! error frame that ends a session.
+
+use std::time::Duration;
+
+use futures_util::SinkExt;
+use tether_protocol::{ErrorCode, ErrorFrame, Response};
+
+use super::{Refusal, Session};
+
+/// What a session buffers before it writes to its socket.
+pub(super) const WRITE_BATCH_BYTES: usize = 32 * 1024;
+
+impl Session {
+    pub(super) async fn send_all(&mut self, responses: Vec<Response>) -> Result<(), Refusal> {
+        for response in responses {
+            self.out.feed(response).await.map_err(write_failed)?;
+        }
+        self.out.flush().await.map_err(write_failed)
+    }
+
+    /// Best effort: the client may already be gone.
+    pub(super) async fn send_error(&mut self, refusal: Refusal) {
+        let frame = Response::Error(ErrorFrame {
+            code: refusal.code,
+            message: refusal.message,
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.out.send(frame)).await;
+    }
+}
+
+/// A failed write means the client is gone; the refusal is only logged.
+pub(super) fn write_failed(e: tether_protocol::Error) -> Refusal {
+    Refusal {
+        client_gone: true,
+        ..Refusal::new(ErrorCode::INTERNAL, format!("cannot write to client: {e}"))
+    }
+}
