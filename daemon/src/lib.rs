@@ -51,9 +51,6 @@ pub mod wal;
 pub use config::Config;
 pub use error::{Error, Result};
 
-/// The engine under its earlier name, which `supervisor` still imports.
-pub(crate) use engine as queue;
-
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -46,7 +46,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
-use crate::queue::Queue;
+use crate::engine::Queue;
 use crate::{Config, Error, Result};
 use manifest::{display_command, Manifest};
 use procfs::{Pidfd, ProcessId};
