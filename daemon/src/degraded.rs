@@ -127,8 +127,9 @@ impl Degradation {
     /// A fault began: logs it once and tells `health`. `cleared`: when the
     /// last one cleared, and that fault. The same fault back within
     /// [`LOG_EVERY`] of that (a disk hovering at full) is logged only at
-    /// debug level, beginning and end, so that it too costs at most a line
-    /// or two a minute; another fault is logged as any.
+    /// debug level while the first retry may still cure it, so that blips
+    /// cost no lines; one that outlasts that retry, and another fault, are
+    /// logged as any.
     pub fn begin(
         fault: Fault,
         health: &StorageHealth,
@@ -195,6 +196,20 @@ impl Degradation {
                     return;
                 }
             }
+        }
+        if self.quiet {
+            // Back soon after clearing, and not a blip that the first
+            // retry cured: said once, so that the last line about storage
+            // is not that it was writable again.
+            self.quiet = false;
+            self.last_logged = now;
+            tracing::warn!(
+                "storage degraded again: {}; writes are refused and retried every {}s, reads \
+                 go on",
+                self.fault.cause,
+                RETRY_EVERY.as_secs()
+            );
+            return;
         }
         if now.duration_since(self.last_logged) >= LOG_EVERY {
             self.last_logged = now;
@@ -298,6 +313,10 @@ mod tests {
         assert!(!Degradation::begin(full(), &health, later, last).quiet);
         let io = Fault::of(&eio("/s/tether.wal")).unwrap();
         assert!(!Degradation::begin(io.clone(), &health, soon, last).quiet);
+        // A quiet one that outlasts its first retry says so, and its end.
+        let mut lasting = Degradation::begin(full(), &health, soon, last);
+        lasting.retry_failed(None, &health, soon + FIRST_RETRY);
+        assert!(!lasting.quiet);
         // A quiet one that turns into another fault says so, and its end.
         let mut again = Degradation::begin(full(), &health, soon, last);
         again.retry_failed(Some(io), &health, soon + RETRY_EVERY);
