@@ -209,7 +209,7 @@ struct Rebuilt {
 impl Rebuilt {
     fn report(&self, damage: &str, copied: &Path) -> String {
         let mut out = format!(
-            "the store was damaged: {damage}\ncopied the damaged files to {}\n",
+            "{damage}\ncopied the damaged files to {}\n",
             copied.display()
         );
         if self.lost.is_empty() {
@@ -614,11 +614,22 @@ impl<'s> Build<'s> {
         })
     }
 
-    /// One durable write transaction on the new store.
+    /// One write transaction on the new store, committed without
+    /// durability: the last one (see [`Build::finish`]) makes them all
+    /// durable, and a repair stopped before that is started over.
     fn write(&self, f: impl FnOnce(&redb::WriteTransaction) -> Result<()>) -> Result<()> {
+        self.write_as(redb::Durability::None, f)
+    }
+
+    fn write_as(
+        &self,
+        durability: redb::Durability,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<()>,
+    ) -> Result<()> {
         let guard = self.new.handle()?;
         let db = guard_db(&guard)?;
-        let txn = db.begin_write().map_err(storage)?;
+        let mut txn = db.begin_write().map_err(storage)?;
+        txn.set_durability(durability).map_err(storage)?;
         match f(&txn) {
             Ok(()) => commit(txn),
             Err(e) => {
@@ -687,7 +698,7 @@ impl<'s> Build<'s> {
                  named it"
             ));
         }
-        self.write(|txn| {
+        self.write_as(redb::Durability::Immediate, |txn| {
             let mut streams = txn.open_table(STREAMS).map_err(storage)?;
             let mut lost_table = txn.open_table(LOST).map_err(storage)?;
             for (id, name, meta, lost) in &settled {

@@ -58,7 +58,7 @@ fn assert_repaired(sb: &Sandbox, lost: &str, kept: &str) -> String {
     assert_eq!(
         out.stdout,
         format!(
-            "the store was damaged: {damage}\ncopied the damaged files to {}\n{lost}{kept}\n",
+            "{damage}\ncopied the damaged files to {}\n{lost}{kept}\n",
             copied.display()
         )
     );
