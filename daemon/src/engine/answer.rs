@@ -25,17 +25,17 @@ fn acks_only<'r>(replies: impl IntoIterator<Item = &'r Reply>) -> bool {
     replies.peek().is_some() && replies.all(|r| matches!(r, Reply::Ack(_)))
 }
 
-/// Who makes a commit durable and answers it (see [`Writer::handing`]).
-pub(super) enum Handing {
+/// Who makes a commit durable and answers it (see [`Writer::answered_by`]).
+pub(super) enum AnsweredBy {
     /// The syncer, with the next job's sync
     /// ([`Syncer::after_sharing`](crate::syncer::Syncer::after_sharing)).
-    Shared,
+    SharedSync,
     /// The writer itself
     /// ([`Syncer::run_here`](crate::syncer::Syncer::run_here)).
-    Here,
+    Writer,
     /// The syncer, in turn
     /// ([`Syncer::after`](crate::syncer::Syncer::after)).
-    Queued,
+    Syncer,
 }
 
 /// A committed batch's news for the hub and for `ps`, told once it is
@@ -78,25 +78,25 @@ impl Writer {
     /// writer has nothing better to do than the syncer's work and is
     /// already awake for it, and with no job waiting on the syncer the
     /// order of answers holds.
-    pub(super) fn handing<'r>(
+    pub(super) fn answered_by<'r>(
         &self,
         logged: bool,
         replies: impl ExactSizeIterator<Item = &'r Reply>,
-    ) -> Handing {
+    ) -> AnsweredBy {
         let commands = replies.len();
         if logged && acks_only(replies) {
-            Handing::Shared
+            AnsweredBy::SharedSync
         } else if commands == 1 && self.rx.is_empty() && self.syncer.idle() {
-            Handing::Here
+            AnsweredBy::Writer
         } else {
-            Handing::Queued
+            AnsweredBy::Syncer
         }
     }
 
     /// Once `durable` holds, in order with every commit's: publishes
     /// `publish` and sends `answers`; if it cannot be made to hold, fails
     /// every answer with the reason instead. Gives back `in_flight` either
-    /// way. See [`Writer::handing`] for who syncs.
+    /// way. See [`Writer::answered_by`] for who syncs.
     pub(super) fn answer(
         &mut self,
         durable: Durable,
@@ -105,7 +105,7 @@ impl Writer {
         in_flight: Vec<OwnedSemaphorePermit>,
     ) {
         let logged = matches!(durable, Durable::Logged(_));
-        let handing = self.handing(logged, answers.iter().map(|(reply, _)| reply));
+        let answered_by = self.answered_by(logged, answers.iter().map(|(reply, _)| reply));
         let then: Then = Box::new(move |synced| {
             match synced {
                 Ok(()) => {
@@ -130,13 +130,13 @@ impl Writer {
             }
             drop(in_flight);
         });
-        match handing {
-            Handing::Shared => self.syncer.after_sharing(durable, then),
-            Handing::Here => {
+        match answered_by {
+            AnsweredBy::SharedSync => self.syncer.after_sharing(durable, then),
+            AnsweredBy::Writer => {
                 self.syncer.run_here(durable, then);
                 self.answered_alone = Some(Instant::now());
             }
-            Handing::Queued => self.syncer.after(durable, then),
+            AnsweredBy::Syncer => self.syncer.after(durable, then),
         }
     }
 }

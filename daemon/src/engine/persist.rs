@@ -17,9 +17,9 @@ impl Writer {
     /// When the log's records are getting near chunks it keeps for the
     /// store, copies a step of them into the store at `pace`, and persists
     /// it when the records need to go over them (see [`crate::wal`],
-    /// "Going round"). Idle, or between batches when the records press,
+    /// "Going round"). Idle, or between batches once the records come near,
     /// so that a full log rarely holds a commit up.
-    pub(super) fn tend_log(&mut self, pace: CopyPace) {
+    pub(super) fn copy_log_chunks(&mut self, pace: CopyPace) {
         if !self.copying_ready() {
             return;
         }

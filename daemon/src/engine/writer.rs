@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use super::answer::Handing;
+use super::answer::AnsweredBy;
 use super::apply::Staged;
 use super::cache::State;
 use super::commands::{Command, Outcome, Reply, Request};
@@ -129,7 +129,7 @@ impl Writer {
                         .is_some_and(|t| t.elapsed() < AWAKE_FOR);
                     let batch = self.drain(first);
                     self.process(batch);
-                    self.tend_log(CopyPace::Pressed);
+                    self.copy_log_chunks(CopyPace::Pressed);
                     self.awake = quick && self.answered_alone.is_some();
                     busy_batches += 1;
                     if busy_batches >= COMPACT_EVERY_BATCHES {
@@ -260,7 +260,7 @@ impl Writer {
                 self.compaction_failed(&e);
             }
         }
-        self.tend_log(CopyPace::Idle);
+        self.copy_log_chunks(CopyPace::Idle);
         if self
             .store
             .unpersisted_since()
@@ -356,7 +356,7 @@ impl Writer {
         let mut staged = Staged::default();
         let store = self.store.clone();
         // Only a commit the syncer will sync for gives it a head start.
-        let sync_ahead = matches!(self.handing(true, replies.iter()), Handing::Queued)
+        let sync_ahead = matches!(self.answered_by(true, replies.iter()), AnsweredBy::Syncer)
             .then(|| self.syncer.sync_ahead());
         let committed = store.write_logged(
             |txn| {
