@@ -141,6 +141,38 @@ pub enum CopyPace {
     Pressed,
 }
 
+/// How the log lays its records out in its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// From the file's start on, up to its capacity at most; a persist
+    /// starts the log again from its start, and the store holds every
+    /// chunk itself.
+    Flat,
+    /// *Going round*: the file is reused in laps, positions count every
+    /// lap, and the records keep the chunks' bytes for the store (see
+    /// "Going round" in the module docs).
+    Round,
+}
+
+impl Layout {
+    /// The layout that the store's marks say the log was written in: only
+    /// going round do they say where the next record went (`resume`).
+    pub fn of_resume(resume: Option<u64>) -> Layout {
+        match resume {
+            Some(_) => Layout::Round,
+            None => Layout::Flat,
+        }
+    }
+
+    /// Where the byte at log position `pos` is in a file of `capacity`.
+    pub fn file_offset(self, pos: u64, capacity: u64) -> u64 {
+        match self {
+            Layout::Flat => pos,
+            Layout::Round => pos % capacity,
+        }
+    }
+}
+
 /// Going round: how near the records may come to chunks copied but not
 /// yet durably before the writer persists the store (at most; a 128th of
 /// a smaller log). Well within where copying between batches keeps the
@@ -432,9 +464,9 @@ pub struct Wal {
     /// The last record's buffer, kept for the next: a record is often
     /// hundreds of KiB, and growing a fresh one each time cost page faults.
     spare: Option<RecordBuf>,
-    /// Whether the log goes round its file and keeps chunks for the store
-    /// (see "Going round" in the module docs); decided by [`Wal::prepare`].
-    ring: bool,
+    /// Whether the log goes round its file, keeping chunks for the store:
+    /// flat until [`Wal::prepare`] decides.
+    layout: Layout,
     /// Going round: the oldest position a chunk kept in the log may have,
     /// as the store holds durably. Records go no further than a lap ahead.
     tail: u64,
@@ -481,7 +513,7 @@ impl Wal {
             holding_since: None,
             written: Arc::new(AtomicU64::new(0)),
             spare: None,
-            ring: false,
+            layout: Layout::Flat,
             tail: 0,
             copied: 0,
             head: Arc::new(AtomicU64::new(0)),
@@ -503,9 +535,10 @@ impl Wal {
         }
     }
 
-    /// Whether the log goes round its file, keeping chunks for the store.
-    pub fn is_ring(&self) -> bool {
-        self.ring
+    /// Whether the log goes round its file, keeping chunks for the store
+    /// (decided by [`Wal::prepare`]).
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// The log file.
@@ -625,7 +658,11 @@ impl Wal {
                 Error::io(format!("cannot prepare the log {}", self.path.display()), e)
             })?;
         }
-        self.ring = self.is_filled();
+        self.layout = if self.is_filled() {
+            Layout::Round
+        } else {
+            Layout::Flat
+        };
         Ok(())
     }
 
@@ -677,8 +714,7 @@ impl Wal {
     /// record it holds, where a replay starts, the oldest chunk the log
     /// keeps for it); `None` when not going round.
     pub fn durable_marks(&self) -> Option<(u64, u64, u64)> {
-        self.ring
-            .then(|| (self.next_number - 1, self.pos, self.copied))
+        (self.layout == Layout::Round).then(|| (self.next_number - 1, self.pos, self.copied))
     }
 
     /// After a durable commit of the store (which stored
@@ -687,7 +723,7 @@ impl Wal {
     /// into the store no longer hold the records back; otherwise it starts
     /// again (see [`Wal::restart`]).
     pub fn persisted(&mut self, next_number: u64) -> Result<()> {
-        if !self.ring {
+        if self.layout == Layout::Flat {
             return self.restart(next_number);
         }
         self.tail = self.copied;
@@ -712,7 +748,7 @@ impl Wal {
     /// the records are within three quarters of that, what brings it
     /// back there and a piece more.
     pub fn copy_budget(&self, pace: CopyPace) -> u64 {
-        if !self.ring {
+        if self.layout == Layout::Flat {
             return 0;
         }
         let piece = COPY_PIECE.min(self.capacity / 256);
@@ -731,7 +767,7 @@ impl Wal {
     /// Going round: whether a persist would let the records go on further,
     /// and they are getting near the chunks the log still keeps.
     pub fn wants_persist(&self) -> bool {
-        self.ring
+        self.layout == Layout::Round
             && self.copied > self.tail
             && self.pos + PERSIST_AHEAD.min(self.capacity / 128) > self.tail + self.capacity
     }
@@ -777,7 +813,7 @@ impl Wal {
     /// has no room for it (before its end, or, going round, a lap ahead
     /// of the chunks it still keeps for the store).
     pub fn place(&self, len: u64) -> Option<u64> {
-        if !self.ring {
+        if self.layout == Layout::Flat {
             return (self.pos + len <= self.capacity).then_some(self.pos);
         }
         let start = if self.pos % self.capacity + len <= self.capacity {
@@ -814,18 +850,14 @@ impl Wal {
         let start = self
             .place(len)
             .ok_or_else(|| Error::Invariant("a log record with no room left in the log".into()))?;
-        if !self.ring && start + len > self.filled {
+        if self.layout == Layout::Flat && start + len > self.filled {
             self.fill_to(start + len)?;
         }
         let bytes = record.seal(number)?;
         // Before the bytes change: a reader of a chunk kept there checks
         // this after reading (see `LogReader::read`).
         self.head.fetch_max(start + len, Ordering::SeqCst);
-        let physical = if self.ring {
-            start % self.capacity
-        } else {
-            start
-        };
+        let physical = self.layout.file_offset(start, self.capacity);
         self.file
             .write_all_at(bytes, physical)
             .map_err(|e| self.write_error(e))?;
@@ -872,7 +904,7 @@ impl Wal {
         from: Option<u64>,
         mut apply: impl FnMut(u64, u64, &[u8]) -> Result<()>,
     ) -> Result<Replayed> {
-        let round = from.is_some();
+        let layout = Layout::of_resume(from);
         let mut pos = from.unwrap_or(0);
         let mut last: Option<u64> = None;
         let mut body = Vec::new();
@@ -881,9 +913,9 @@ impl Wal {
         let mut ended_at_damage = None;
         loop {
             let due = last.map_or(applied + 1, |l| l + 1);
-            let mut physical = if round { pos % self.capacity } else { pos };
+            let mut physical = layout.file_offset(pos, self.capacity);
             let mut found = self.read_record(physical, &mut body)?;
-            if round
+            if layout == Layout::Round
                 && physical != 0
                 && !matches!(found, Record::Valid { number, .. } if number == due)
             {
@@ -902,7 +934,7 @@ impl Wal {
                 Record::Valid { number, .. } if last.is_some() && number != due => break,
                 // Going round, an older record where the next was due is
                 // the log's end.
-                Record::Valid { number, .. } if round && number < due => break,
+                Record::Valid { number, .. } if layout == Layout::Round && number < due => break,
                 Record::Valid { number, end } => (number, end),
                 Record::Damaged { number, end } => {
                     // Reported only when it was the record due and the
@@ -994,21 +1026,19 @@ impl Wal {
     /// tail (the oldest chunk the store may name) to the records' end;
     /// otherwise from the file's start.
     pub fn rewrite(&self) -> Result<()> {
-        let (from, to) = if self.ring {
-            (self.tail, self.pos)
-        } else {
-            (0, self.pos)
+        let (from, to) = match self.layout {
+            Layout::Flat => (0, self.pos),
+            Layout::Round => (self.tail, self.pos),
         };
         let mut buf = vec![0u8; REWRITE_PIECE];
         let mut at = from;
         while at < to {
-            let physical = if self.ring { at % self.capacity } else { at };
+            let physical = self.layout.file_offset(at, self.capacity);
             // A piece never crosses the file's end: going round, the next
             // lap's bytes start again at 0.
-            let room = if self.ring {
-                self.capacity - physical
-            } else {
-                u64::MAX
+            let room = match self.layout {
+                Layout::Flat => u64::MAX,
+                Layout::Round => self.capacity - physical,
             };
             let len = (to - at).min(REWRITE_PIECE as u64).min(room) as usize;
             let piece = &mut buf[..len];
@@ -1046,7 +1076,7 @@ impl Wal {
     /// its append would), so that a full disk is found here rather than
     /// by a commit.
     pub fn make_room(&mut self, bytes: u64) -> Result<()> {
-        if self.ring {
+        if self.layout == Layout::Round {
             return Ok(());
         }
         let end = (self.pos + bytes).min(self.capacity);
@@ -1064,15 +1094,11 @@ impl Wal {
         self.filled
     }
 
-    /// Where the byte at log position `pos` is in the file; `round`: the
-    /// log goes round (as the store's marks say: checks run before
+    /// Where the byte at log position `pos` is in the file, laid out as
+    /// `layout` (as the store's marks say: checks run before
     /// [`Wal::prepare`] decides it for this run).
-    pub fn file_offset(&self, pos: u64, round: bool) -> u64 {
-        if round {
-            pos % self.capacity
-        } else {
-            pos
-        }
+    pub fn file_offset(&self, pos: u64, layout: Layout) -> u64 {
+        layout.file_offset(pos, self.capacity)
     }
 
     /// Searches the file, from just after the record at position `pos` to
@@ -1088,19 +1114,23 @@ impl Wal {
         &self,
         pos: u64,
         above: u64,
-        round: bool,
+        layout: Layout,
     ) -> Result<Option<(u64, u64)>> {
-        self.find_valid_from(self.file_offset(pos, round) + 1, above, round)
+        self.find_valid_from(self.file_offset(pos, layout) + 1, above, layout)
     }
 
     /// [`Wal::find_valid_after`] from the file's byte `start` on, that
     /// byte included.
-    fn find_valid_from(&self, start: u64, above: u64, round: bool) -> Result<Option<(u64, u64)>> {
+    fn find_valid_from(
+        &self,
+        start: u64,
+        above: u64,
+        layout: Layout,
+    ) -> Result<Option<(u64, u64)>> {
         let end = self.filled.min(self.capacity);
-        let ranges = if round {
-            vec![(start, end), (0, start.saturating_sub(1))]
-        } else {
-            vec![(start, end)]
+        let ranges = match layout {
+            Layout::Flat => vec![(start, end)],
+            Layout::Round => vec![(start, end), (0, start.saturating_sub(1))],
         };
         let mut piece = vec![0u8; SCAN_PIECE + HEADER_LEN];
         let mut body = Vec::new();
@@ -1225,13 +1255,15 @@ impl Wal {
         from: Option<u64>,
         mut apply: impl FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<Salvaged> {
-        let round = from.is_some();
         let mut salvaged = Salvaged {
             last: applied,
             lost: Vec::new(),
         };
         let mut from = from;
         loop {
+            // Once a later record was found, reading goes on from it as
+            // from a durable mark: going round.
+            let layout = Layout::of_resume(from);
             let start = from.unwrap_or(0);
             // Where reading stopped, and the first byte that may hold a
             // later record.
@@ -1243,20 +1275,18 @@ impl Wal {
                             .stopped_before
                             .or(replayed.ended_at_damage)
                             .map_or(replayed.end, |(_, at)| at);
-                        let at = self.file_offset(at, round || from.is_some());
+                        let at = self.file_offset(at, layout);
                         (at, at + 1)
                     }
                     // The first record there is numbered past the one due:
                     // the records between are missing.
                     Err(Error::CorruptStore { .. }) => {
-                        let at = self.file_offset(start, true);
+                        let at = self.file_offset(start, Layout::Round);
                         (at, at)
                     }
                     Err(e) => return Err(e),
                 };
-            let Some((number, at)) =
-                self.find_valid_from(search, salvaged.last, round || from.is_some())?
-            else {
+            let Some((number, at)) = self.find_valid_from(search, salvaged.last, layout)? else {
                 return Ok(salvaged);
             };
             let bytes = if at > stopped {
@@ -1580,7 +1610,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut wal = Wal::open(&dir.path().join("t.wal"), 64 * 1024, &OsOpener).unwrap();
         wal.prepare().unwrap();
-        assert!(wal.is_ring(), "a temporary directory has room to spare");
+        assert_eq!(
+            wal.layout(),
+            Layout::Round,
+            "a temporary directory has room to spare"
+        );
         wal.start_round_here();
         (dir, wal)
     }

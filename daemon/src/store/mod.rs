@@ -100,7 +100,7 @@ use redb::{Database, Durability};
 use crate::error::{is_disk_full, StorageSource};
 use crate::store_io::{Headroom, Opener, OsOpener};
 use crate::syncer::Durable;
-use crate::wal::{self, CopyPace, LogReader, Wal};
+use crate::wal::{self, CopyPace, Layout, LogReader, Wal};
 use crate::{Error, Result};
 
 mod backup;
@@ -337,14 +337,15 @@ impl Store {
     /// was opened): a replay then reads the log the way it was written.
     /// Only a store that changes over commits anything.
     fn settle_log(&self, marked: bool) -> Result<()> {
-        let ring = {
+        let round = {
             let mut log = self.wal();
-            if log.is_ring() && !marked {
+            let round = log.layout() == Layout::Round;
+            if round && !marked {
                 log.start_round_here();
             }
-            log.is_ring()
+            round
         };
-        if ring != marked {
+        if round != marked {
             self.write(|_| Ok(()))?;
         }
         Ok(())

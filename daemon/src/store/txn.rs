@@ -22,7 +22,7 @@ use super::schema::{
 };
 use super::storage;
 use crate::syncer::Durable;
-use crate::wal::{self, LogReader, Op, RawBytes, RecordBuf, Wal};
+use crate::wal::{self, Layout, LogReader, Op, RawBytes, RecordBuf, Wal};
 use crate::{Error, Result};
 
 /// What [`WriteTxn::delete_prefix`] shows its caller about each frame.
@@ -584,7 +584,7 @@ pub(super) fn write_in<T>(
                             // a state with this commit in it (redb may keep
                             // it) must not send a replay back to an older
                             // place.
-                            if log.is_ring() {
+                            if log.layout() == Layout::Round {
                                 meta.insert(META_WAL_RESUME, at + len).map_err(storage)?;
                             }
                         }
@@ -627,7 +627,7 @@ pub(super) fn write_in<T>(
                     appended(ticket);
                 }
                 durable = Durable::Logged(ticket);
-                kept_at = log.is_ring().then_some(at);
+                kept_at = (log.layout() == Layout::Round).then_some(at);
             }
             // Not committed to the store directly instead: on a full disk
             // that would make redb meet the failure too, and redb then
@@ -678,7 +678,7 @@ pub(super) fn write_in<T>(
 /// first, so that the records can go on. Not going round, a store that
 /// did clears those marks. Returns where copying reached, if it moved.
 fn durable_marks(tables: &mut WriteTxn<'_>, log: &Wal, full: bool) -> Result<Option<u64>> {
-    let copied = if full && log.is_ring() {
+    let copied = if full && log.layout() == Layout::Round {
         Some(copy_kept_chunks(tables, log, 2 * log.copy_ahead())?)
     } else {
         None
