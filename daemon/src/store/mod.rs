@@ -106,6 +106,7 @@ use crate::{Error, Result};
 mod backup;
 pub mod check;
 mod chunk;
+mod compaction;
 mod overlay;
 mod read;
 mod recovery;
@@ -119,11 +120,12 @@ mod txn;
 mod verify;
 
 pub use chunk::{FrameSink, StoredFrame};
+pub use compaction::{Deleted, FrameInfo};
 pub use read::{ReadChunk, ReadLimits, Snapshot};
 pub use schema::{ProducerState, StreamMeta, SCHEMA_VERSION};
 #[cfg(feature = "test-hooks")]
 pub use test_hooks::corrupt_checkpoint_for_tests;
-pub use txn::{Deleted, FrameInfo, WriteTxn};
+pub use txn::WriteTxn;
 
 use recovery::{going_round_with, open_database, replay};
 use txn::{abort, commit, copy_kept_chunks, tables, write_in};
