@@ -100,12 +100,13 @@ use redb::{Database, Durability};
 use crate::error::{is_disk_full, StorageSource};
 use crate::store_io::{Headroom, Opener, OsOpener};
 use crate::syncer::Durable;
-use crate::wal::{self, CopyPace, LogReader, Wal};
+use crate::wal::{self, CopyPace, Layout, LogReader, Wal};
 use crate::{Error, Result};
 
 mod backup;
 pub mod check;
 mod chunk;
+mod compaction;
 mod overlay;
 mod read;
 mod recovery;
@@ -119,11 +120,12 @@ mod txn;
 mod verify;
 
 pub use chunk::{FrameSink, StoredFrame};
+pub use compaction::{Deleted, FrameInfo};
 pub use read::{ReadChunk, ReadLimits, Snapshot};
 pub use schema::{ProducerState, StreamMeta, SCHEMA_VERSION};
 #[cfg(feature = "test-hooks")]
 pub use test_hooks::corrupt_checkpoint_for_tests;
-pub use txn::{Deleted, FrameInfo, WriteTxn};
+pub use txn::WriteTxn;
 
 use recovery::{going_round_with, open_database, replay};
 use txn::{abort, commit, copy_kept_chunks, tables, write_in};
@@ -337,14 +339,15 @@ impl Store {
     /// was opened): a replay then reads the log the way it was written.
     /// Only a store that changes over commits anything.
     fn settle_log(&self, marked: bool) -> Result<()> {
-        let ring = {
+        let round = {
             let mut log = self.wal();
-            if log.is_ring() && !marked {
+            let round = log.layout() == Layout::Round;
+            if round && !marked {
                 log.start_round_here();
             }
-            log.is_ring()
+            round
         };
-        if ring != marked {
+        if round != marked {
             self.write(|_| Ok(()))?;
         }
         Ok(())

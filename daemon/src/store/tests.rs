@@ -15,7 +15,7 @@ use super::chunk::InLog;
 use super::schema::{StreamMeta, CHUNKS, META, META_SCHEMA_VERSION, SCHEMA_VERSION};
 use super::{guard_db, storage, ReadLimits, Store, WriteTxn};
 use crate::syncer::Durable;
-use crate::wal::CopyPace;
+use crate::wal::{CopyPace, Layout};
 use crate::{Error, Result};
 
 pub(super) fn frame(payload: &'static [u8]) -> Frame {
@@ -243,7 +243,7 @@ fn an_older_store_is_copied_aside_then_upgraded_when_opened() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.redb");
     let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
-    assert!(!store.wal().is_ring());
+    assert_eq!(store.wal().layout(), Layout::Flat);
     logged_frames(&store, 1, 10);
     store.close().unwrap();
     drop(store);
@@ -276,7 +276,7 @@ fn an_older_store_is_copied_aside_then_upgraded_when_opened() {
         files(&backups[0]) == before,
         "the copy is the store as it was"
     );
-    assert!(store.wal().is_ring());
+    assert_eq!(store.wal().layout(), Layout::Round);
     logged_frames(&store, 11, 20);
     assert_eq!(where_chunks_are(&store).0, 1, "a chunk kept in the log");
     stream_s_through(&store, 20);
@@ -300,7 +300,7 @@ fn chunks_kept_in_the_log_stay_readable_as_it_goes_round() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.redb");
     let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
-    assert!(store.wal().is_ring());
+    assert_eq!(store.wal().layout(), Layout::Round);
     logged_frames(&store, 1, 10);
     stream_s_through(&store, 10);
     // The commit's chunk is where its record is, not in the store.

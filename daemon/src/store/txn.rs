@@ -10,10 +10,7 @@ use redb::{
 };
 use tether_protocol::Frame;
 
-use super::chunk::{
-    chunk_from, chunk_holding, corrupt_chunk, own_chunk_bytes, stored_count, ChunkIter, InLog,
-    PendingChunk,
-};
+use super::chunk::{InLog, PendingChunk};
 use super::read::scan_newest_first;
 use super::schema::{
     ProducerState, StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, META,
@@ -22,30 +19,13 @@ use super::schema::{
 };
 use super::storage;
 use crate::syncer::Durable;
-use crate::wal::{self, LogReader, Op, RawBytes, RecordBuf, Wal};
+use crate::wal::{self, Layout, LogReader, Op, RawBytes, RecordBuf, Wal};
 use crate::{Error, Result};
-
-/// What [`WriteTxn::delete_prefix`] shows its caller about each frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FrameInfo {
-    pub seq: u64,
-    pub ts_micros: u64,
-    pub payload_len: u64,
-}
-
-/// The result of [`WriteTxn::delete_prefix`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Deleted {
-    pub frames: u64,
-    pub bytes: u64,
-    /// The first frame that was looked at and kept, if any.
-    pub first_kept: Option<FrameInfo>,
-}
 
 /// The tables of one write transaction, open for writing.
 pub struct WriteTxn<'t> {
     streams: LazyTable<'t, &'static str, &'static [u8]>,
-    chunks: LazyTable<'t, (u64, u64), &'static [u8]>,
+    pub(super) chunks: LazyTable<'t, (u64, u64), &'static [u8]>,
     /// Frames appended in this transaction, one chunk per stream id,
     /// closed (and logged) when full or before the record is appended;
     /// all but `current`'s.
@@ -61,7 +41,7 @@ pub struct WriteTxn<'t> {
     /// place in the log is known).
     unstored: Vec<((u64, u64), Vec<u8>, usize)>,
     /// Reads chunks the log keeps for the store.
-    log: &'t LogReader,
+    pub(super) log: &'t LogReader,
     producers: LazyTable<'t, (u64, &'static str), (u64, u64)>,
     consumers: LazyTable<'t, (u64, &'static str), u64>,
     pub(super) meta: LazyTable<'t, &'static str, u64>,
@@ -179,7 +159,7 @@ impl WriteTxn<'_> {
     /// sees them. `kept_at`: where the transaction's record was appended
     /// to a log that goes round, which then keeps the chunks' bytes for
     /// the store (`chunks` gets where they are, see [`InLog`]).
-    fn store_chunks(&mut self, kept_at: Option<u64>) -> Result<()> {
+    pub(super) fn store_chunks(&mut self, kept_at: Option<u64>) -> Result<()> {
         self.flush_chunks()?;
         if self.unstored.is_empty() {
             return Ok(());
@@ -212,7 +192,7 @@ impl WriteTxn<'_> {
     }
 
     /// Adds `op` to the transaction's log record, if it has one.
-    fn log(&mut self, op: &Op<'_>) -> Result<()> {
+    pub(super) fn log(&mut self, op: &Op<'_>) -> Result<()> {
         log_to(&mut self.record, op)
     }
 
@@ -220,7 +200,7 @@ impl WriteTxn<'_> {
     /// for twice the transaction's running total (a leaf split leaves its
     /// pages half full, and a value of several pages is placed on a
     /// boundary of its size).
-    fn take_room(&mut self, bytes: usize) -> Result<()> {
+    pub(super) fn take_room(&mut self, bytes: usize) -> Result<()> {
         self.stored = self.stored.saturating_add(bytes as u64);
         match self.room {
             Some(room) => room(self.stored.saturating_mul(2)),
@@ -372,122 +352,6 @@ impl WriteTxn<'_> {
             .map_err(storage)?;
         self.log(&Op::NextStreamId(id))
     }
-
-    /// Deletes frames of a stream from `from_seq` on, in seq order, while
-    /// `delete` says yes, looking at no frame beyond `through_seq`. Only a
-    /// prefix is ever deleted: the first frame `delete` refuses ends the run.
-    /// `from_seq` must be the stream's first retained seq.
-    pub fn delete_prefix(
-        &mut self,
-        stream_id: u64,
-        from_seq: u64,
-        through_seq: u64,
-        delete: impl FnMut(FrameInfo) -> bool,
-    ) -> Result<Deleted> {
-        self.store_chunks(None)?;
-        let out = self.choose_prefix(stream_id, from_seq, through_seq, delete)?;
-        if out.frames > 0 {
-            self.cut_chunks(stream_id, from_seq + out.frames)?;
-        }
-        Ok(out)
-    }
-
-    /// Shows `delete` the frames from `from_seq` through `through_seq` until
-    /// it refuses one; deletes nothing.
-    fn choose_prefix(
-        &mut self,
-        stream_id: u64,
-        from_seq: u64,
-        through_seq: u64,
-        mut delete: impl FnMut(FrameInfo) -> bool,
-    ) -> Result<Deleted> {
-        let mut out = Deleted::default();
-        let Some(start) =
-            chunk_holding(self.chunks.get()?, stream_id, from_seq).map_err(storage)?
-        else {
-            return Ok(out);
-        };
-        let range = self
-            .chunks
-            .get()?
-            .range((stream_id, start)..=(stream_id, through_seq))
-            .map_err(storage)?;
-        let mut kept = Vec::new();
-        for item in range {
-            let (key, value) = item.map_err(storage)?;
-            let (_, first) = key.value();
-            let corrupt = |e: &postcard::Error| corrupt_chunk(stream_id, first, e);
-            let bytes = own_chunk_bytes(value.value(), self.log, &mut kept, stream_id, first)?;
-            for f in ChunkIter::new(first, bytes).map_err(|e| corrupt(&e))? {
-                let f = f.map_err(|e| corrupt(&e))?;
-                if f.seq < from_seq {
-                    continue;
-                }
-                if f.seq > through_seq {
-                    return Ok(out);
-                }
-                let info = FrameInfo {
-                    seq: f.seq,
-                    ts_micros: f.ts_micros,
-                    payload_len: f.payload.len() as u64,
-                };
-                if !delete(info) {
-                    out.first_kept = Some(info);
-                    return Ok(out);
-                }
-                out.frames += 1;
-                out.bytes += info.payload_len;
-            }
-        }
-        Ok(out)
-    }
-
-    /// Makes `new_first` the stream's first stored seq: deletes the chunks
-    /// wholly below it and rewrites the one holding it to start with it.
-    fn cut_chunks(&mut self, stream_id: u64, new_first: u64) -> Result<()> {
-        let mut straddling = None;
-        let mut failure = None;
-        self.chunks
-            .get()?
-            .retain_in(
-                (stream_id, 0)..(stream_id, new_first),
-                |(_, first), value| {
-                    match stored_count(value) {
-                        Ok(n) if first + u64::from(n) > new_first => {
-                            straddling = Some((first, value.to_vec()));
-                        }
-                        Ok(_) => {}
-                        Err(e) => failure = Some(corrupt_chunk(stream_id, first, &e)),
-                    }
-                    failure.is_some()
-                },
-            )
-            .map_err(storage)?;
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        self.log(&Op::RemoveChunksBelow {
-            stream_id,
-            below: new_first,
-        })?;
-        if let Some((first, value)) = straddling {
-            let mut kept = Vec::new();
-            let bytes = own_chunk_bytes(&value, self.log, &mut kept, stream_id, first)?;
-            let rest = chunk_from(first, bytes, new_first)
-                .map_err(|e| corrupt_chunk(stream_id, first, &e))?;
-            self.take_room(rest.len())?;
-            self.chunks
-                .get()?
-                .insert((stream_id, new_first), rest.as_slice())
-                .map_err(storage)?;
-            self.log(&Op::Chunk {
-                stream_id,
-                first_seq: new_first,
-                chunk: RawBytes(&rest),
-            })?;
-        }
-        Ok(())
-    }
 }
 
 /// A table of a write transaction, opened on first use: most
@@ -584,7 +448,7 @@ pub(super) fn write_in<T>(
                             // a state with this commit in it (redb may keep
                             // it) must not send a replay back to an older
                             // place.
-                            if log.is_ring() {
+                            if log.layout() == Layout::Round {
                                 meta.insert(META_WAL_RESUME, at + len).map_err(storage)?;
                             }
                         }
@@ -627,7 +491,7 @@ pub(super) fn write_in<T>(
                     appended(ticket);
                 }
                 durable = Durable::Logged(ticket);
-                kept_at = log.is_ring().then_some(at);
+                kept_at = (log.layout() == Layout::Round).then_some(at);
             }
             // Not committed to the store directly instead: on a full disk
             // that would make redb meet the failure too, and redb then
@@ -678,7 +542,7 @@ pub(super) fn write_in<T>(
 /// first, so that the records can go on. Not going round, a store that
 /// did clears those marks. Returns where copying reached, if it moved.
 fn durable_marks(tables: &mut WriteTxn<'_>, log: &Wal, full: bool) -> Result<Option<u64>> {
-    let copied = if full && log.is_ring() {
+    let copied = if full && log.layout() == Layout::Round {
         Some(copy_kept_chunks(tables, log, 2 * log.copy_ahead())?)
     } else {
         None
@@ -791,11 +655,8 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::store::tests::{
-        crash_copy, frame, frame_of, logged_frames, put, put_frames, store, stored_ts, ts_of_only,
-        where_chunks_are, SMALL_LOG,
-    };
-    use crate::store::{ReadLimits, Store};
+    use crate::store::tests::{frame_of, store};
+    use crate::store::ReadLimits;
 
     #[test]
     fn streams_taking_turns_in_one_transaction_keep_their_own_frames() {
@@ -840,114 +701,5 @@ mod tests {
                 .collect();
             assert_eq!(got, want, "stream {name}");
         }
-    }
-
-    #[test]
-    fn compaction_deletes_whole_chunks_and_rewrites_a_straddling_one() {
-        let (_dir, store) = store();
-        put(&store, 1, 4);
-        put(&store, 5, 8);
-        let deleted = store
-            .write(|txn| txn.delete_prefix(7, 1, 8, |info| info.seq < 6))
-            .unwrap();
-        assert_eq!(deleted.frames, 5);
-        assert_eq!(deleted.first_kept.map(|i| i.seq), Some(6));
-        for seq in 1..=5 {
-            assert_eq!(store.frame_ts(7, seq).unwrap(), None, "seq {seq}");
-        }
-        assert_eq!(store.frame_ts(7, 6).unwrap(), Some(6));
-        assert_eq!(store.frame_ts(7, 8).unwrap(), Some(8));
-        assert_eq!(store.frame_ts(7, 9).unwrap(), None);
-        // The next compaction starts at the rewritten chunk's first frame.
-        let deleted = store
-            .write(|txn| txn.delete_prefix(7, 6, 8, |_| true))
-            .unwrap();
-        assert_eq!(deleted.frames, 3);
-        assert_eq!(store.frame_ts(7, 8).unwrap(), None);
-    }
-
-    #[test]
-    fn compaction_cuts_a_chunk_the_log_keeps() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_with_log(&dir.path().join("t.redb"), SMALL_LOG).unwrap();
-        logged_frames(&store, 1, 10);
-        assert_eq!(where_chunks_are(&store), (1, 0));
-        let (deleted, _) = store
-            .write_logged(
-                |txn| txn.delete_prefix(7, 1, 10, |info| info.seq < 4),
-                |_| {},
-            )
-            .unwrap();
-        assert_eq!(deleted.frames, 3);
-        // The rest was rewritten into the store, starting at seq 4.
-        assert_eq!(where_chunks_are(&store), (0, 1));
-        let ts: Vec<Option<u64>> = (1..=10)
-            .map(|seq| store.frame_ts(7, seq).unwrap())
-            .collect();
-        assert_eq!(ts, ts_of_only(4..=10));
-    }
-
-    #[test]
-    fn frames_put_and_deleted_in_one_transaction() {
-        let (_dir, store) = store();
-        let deleted = store
-            .write(|txn| {
-                for seq in 1..=3 {
-                    txn.put_frame(7, seq, &frame(b"x"))?;
-                }
-                txn.delete_prefix(7, 1, 3, |info| info.seq == 1)
-            })
-            .unwrap();
-        assert_eq!(deleted.frames, 1);
-        assert_eq!(store.frame_ts(7, 1).unwrap(), None);
-        assert!(store.frame_ts(7, 2).unwrap().is_some());
-    }
-
-    #[test]
-    fn a_logged_transaction_deleting_frames_it_put_replays_alike() {
-        // Its chunks go into redb only after the record is appended: the
-        // deletion must still see them, in the record's order.
-        let (dir, store) = store();
-        let path = dir.path().join("t.redb");
-        let (deleted, durable) = store
-            .write_logged(
-                |txn| {
-                    put_frames(txn, 1, 3)?;
-                    txn.delete_prefix(7, 1, 3, |info| info.seq == 1)
-                },
-                |_| {},
-            )
-            .unwrap();
-        assert_eq!(
-            (deleted.frames, matches!(durable, Durable::Logged(_))),
-            (1, true)
-        );
-        assert_eq!(stored_ts(&store, 1, 10), ts_of_only(2..=3));
-        let crashed = tempfile::tempdir().unwrap();
-        let recovered = Store::open(&crash_copy(&path, crashed.path(), true)).unwrap();
-        assert_eq!(stored_ts(&recovered, 1, 10), ts_of_only(2..=3));
-    }
-
-    #[test]
-    fn delete_prefix_stops_at_the_first_kept_frame() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.redb")).unwrap();
-        store
-            .write(|txn| {
-                for seq in 1..=10 {
-                    txn.put_frame(7, seq, &frame(b"abc"))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-        let deleted = store
-            .write(|txn| txn.delete_prefix(7, 1, 10, |info| info.seq != 4 && info.seq < 8))
-            .unwrap();
-        assert_eq!(deleted.frames, 3);
-        assert_eq!(deleted.bytes, 9);
-        assert_eq!(deleted.first_kept.map(|i| i.seq), Some(4));
-        assert_eq!(store.frame_ts(7, 3).unwrap(), None);
-        assert!(store.frame_ts(7, 4).unwrap().is_some());
-        assert!(store.frame_ts(7, 9).unwrap().is_some());
     }
 }

@@ -28,7 +28,7 @@ use super::schema::{
     STREAMS,
 };
 use crate::error::Damage;
-use crate::wal::Wal;
+use crate::wal::{Layout, Wal};
 use crate::{Error, Result};
 
 /// What the store's durable marks say about its log.
@@ -115,7 +115,7 @@ fn log_holds_records(log: &Path) -> Result<bool> {
 pub(super) fn verify_log(db: &impl ReadableDatabase, log: &Wal) -> Result<()> {
     let marks = read_marks(db)?;
     let path = log.path();
-    let round = marks.resume.is_some();
+    let layout = Layout::of_resume(marks.resume);
     if let Some(capacity) = marks.capacity.filter(|_| marks.resume.is_some()) {
         if log.file_len() < capacity {
             return Err(damaged(
@@ -140,7 +140,7 @@ pub(super) fn verify_log(db: &impl ReadableDatabase, log: &Wal) -> Result<()> {
     if let Some((number, at)) = replayed.stopped_before {
         return Err(damaged(
             path,
-            Some(log.file_offset(at, round)),
+            Some(log.file_offset(at, layout)),
             format!(
                 "record {number} fails its check, and the record after it passes: the \
                  commits from record {number} on are lost"
@@ -149,10 +149,10 @@ pub(super) fn verify_log(db: &impl ReadableDatabase, log: &Wal) -> Result<()> {
         ));
     }
     if let Some((number, at)) = replayed.ended_at_damage {
-        if let Some((later, later_at)) = log.find_valid_after(at, number, round)? {
+        if let Some((later, later_at)) = log.find_valid_after(at, number, layout)? {
             return Err(damaged(
                 path,
-                Some(log.file_offset(at, round)),
+                Some(log.file_offset(at, layout)),
                 format!(
                     "record {number} fails its check, and record {later} at byte {later_at} \
                      after it passes: the records between were written, maybe acknowledged, \
@@ -165,13 +165,13 @@ pub(super) fn verify_log(db: &impl ReadableDatabase, log: &Wal) -> Result<()> {
             log = %path.display(),
             "record {number} of the log, at byte {}, was cut short by a crash before it \
              was synced (nothing valid follows it); it was never acknowledged and is dropped",
-            log.file_offset(at, round)
+            log.file_offset(at, layout)
         );
     }
     if let (Some(tail), Some(resume)) = (marks.tail, marks.resume) {
         if let Some(at) = log.verify_kept(tail, resume)? {
             let next = log
-                .find_valid_after(at, 0, true)?
+                .find_valid_after(at, 0, Layout::Round)?
                 .map(|(_, next)| next)
                 .filter(|&next| next > at);
             return Err(damaged(
@@ -241,7 +241,7 @@ fn kept_in(db: &impl ReadableDatabase, log: &Wal, from: u64, to: Option<u64>) ->
         let Some(in_log) = InLog::parse(value.value()) else {
             continue;
         };
-        let at = log.file_offset(in_log.at, true);
+        let at = log.file_offset(in_log.at, Layout::Round);
         if at >= from && at < to {
             let (stream_id, first) = key.value();
             let last = first + u64::from(in_log.count).saturating_sub(1);

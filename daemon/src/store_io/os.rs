@@ -1,0 +1,137 @@
+//! The real files: [`std::fs::File`], with the system calls std does not
+//! offer (`fallocate`, `fstatvfs`) made through `rustix`.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{FileIo, Opener};
+
+/// A file of the filesystem.
+#[derive(Debug)]
+pub struct OsFile {
+    file: File,
+}
+
+impl OsFile {
+    pub fn new(file: File) -> OsFile {
+        OsFile { file }
+    }
+}
+
+impl FileIo for OsFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(&self.file, buf, offset)
+    }
+
+    fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        FileExt::write_all_at(&self.file, data, offset)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        match rustix::fs::fallocate(
+            &self.file,
+            rustix::fs::FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        ) {
+            Ok(()) => Ok(()),
+            // Filesystems without fallocate (or without KEEP_SIZE) just
+            // take blocks as they are written, as before.
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn free_space(&self) -> io::Result<u64> {
+        let stat = rustix::fs::fstatvfs(&self.file)?;
+        Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+    }
+
+    fn start_writeback(&self) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // Neither std nor rustix offers `sync_file_range`.
+        // SAFETY: a plain syscall on a descriptor `self.file` keeps open.
+        #[allow(unsafe_code)]
+        let rc = unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE)
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn lock_handle(&self) -> io::Result<Option<File>> {
+        self.file.try_clone().map(Some)
+    }
+}
+
+/// Opens files of the filesystem as [`OsFile`]s.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsOpener;
+
+impl Opener for OsOpener {
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        Ok(Arc::new(OsFile::new(file)))
+    }
+
+    fn open_read(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
+        Ok(Arc::new(OsFile::new(File::open(path)?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn an_os_file_reserves_blocks_without_changing_its_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let file = OsOpener.open(&path).unwrap();
+        file.write_all_at(b"abc", 0).unwrap();
+        file.allocate(0, 1 << 20).unwrap();
+        assert_eq!(file.len().unwrap(), 3);
+        file.set_len(4096).unwrap();
+        let mut buf = [9u8; 5];
+        file.read_exact_at(&mut buf, 1).unwrap();
+        assert_eq!(&buf, b"bc\0\0\0");
+        file.sync_data().unwrap();
+        file.start_writeback().unwrap();
+        assert!(file.free_space().unwrap() > 0);
+        // Reopening keeps what the file holds; read-only refuses writes.
+        let again = OsOpener.open_read(&path).unwrap();
+        assert_eq!(again.len().unwrap(), 4096);
+        let err = again.write_all_at(b"x", 0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+        let mut past = [0u8; 2];
+        let eof = again.read_exact_at(&mut past, 4095).unwrap_err();
+        assert_eq!(eof.kind(), io::ErrorKind::UnexpectedEof);
+    }
+}
