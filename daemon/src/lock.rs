@@ -16,6 +16,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
@@ -36,6 +37,7 @@ impl StateLock {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(&path)
             .map_err(|e| Error::io(format!("cannot open lock file {}", path.display()), e))?;
         match try_lock(&file) {

@@ -50,6 +50,17 @@ pub fn bind_with(path: &Path, mode: u32, group: Option<&str>) -> Result<UnixList
             chown_group(parent, gid)?;
         }
     }
+    // Only a socket is ever replaced: `--socket` naming any other file
+    // is a mistake, and removing that file would lose it.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(Error::Config(format!(
+                "{} exists and is not a socket; refusing to replace it (choose another --socket)",
+                path.display()
+            )));
+        }
+    }
     match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => {
             return Err(Error::Config(format!(

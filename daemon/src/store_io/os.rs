@@ -90,11 +90,14 @@ pub struct OsOpener;
 
 impl Opener for OsOpener {
     fn open(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // State files are the owner's alone, whatever the directory's mode.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(path)?;
         Ok(Arc::new(OsFile::new(file)))
     }
