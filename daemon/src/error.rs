@@ -133,6 +133,20 @@ impl Error {
         }
     }
 
+    /// A failed write of a store file: [`Error::DiskFull`] when the disk
+    /// (or a quota) is full, so that producers can tell it apart, else
+    /// [`Error::Storage`]; either way `context`, then the error.
+    pub fn write_failed(context: String, source: io::Error) -> Self {
+        if is_disk_full(&source) {
+            Error::DiskFull {
+                detail: format!("{context}: {source}"),
+                source: Some(source.into()),
+            }
+        } else {
+            Error::storage(context, source)
+        }
+    }
+
     /// The same failure for another caller waiting on it (each command of
     /// a failed batch, each job waiting on a failed sync). A storage
     /// failure is copied whole, sharing its source; any other error but

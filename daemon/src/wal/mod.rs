@@ -613,14 +613,9 @@ impl Wal {
     }
 
     fn write_error(&self, e: io::Error) -> Error {
-        let context = format!("cannot append to the log {}", self.path.display());
-        if crate::error::is_disk_full(&e) {
-            Error::DiskFull {
-                detail: format!("{context}: {e}"),
-                source: Some(e.into()),
-            }
-        } else {
-            Error::storage(context, e)
-        }
+        Error::write_failed(
+            format!("cannot append to the log {}", self.path.display()),
+            e,
+        )
     }
 }

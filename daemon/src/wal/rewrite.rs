@@ -50,15 +50,7 @@ impl Wal {
     /// A failure of [`Wal::rewrite`], worded as the syncer words a failed
     /// sync: `I/O error on FILE: what: ...`.
     fn rewrite_error(&self, what: &str, e: io::Error) -> Error {
-        let context = format!("I/O error on {}: {what}", self.path.display());
-        if crate::error::is_disk_full(&e) {
-            Error::DiskFull {
-                detail: format!("{context}: {e}"),
-                source: Some(e.into()),
-            }
-        } else {
-            Error::storage(context, e)
-        }
+        Error::write_failed(format!("I/O error on {}: {what}", self.path.display()), e)
     }
 }
 
