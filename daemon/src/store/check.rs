@@ -12,7 +12,7 @@ use redb::{ReadableDatabase, ReadableTable};
 use super::chunk::{chunk_bytes, ChunkIter, InLog};
 use super::overlay::OverlayOpener;
 use super::recovery::{open_database, replay};
-use super::schema::{StreamMeta, CHUNKS, LOST, STREAMS};
+use super::schema::{lost_through, StreamMeta, CHUNKS, STREAMS};
 use super::verify::{read_marks, verify_both_there, verify_log};
 use crate::error::Damage;
 use crate::lock::StateLock;
@@ -111,25 +111,10 @@ pub(super) fn verify_frames(
     let txn = db.begin_read().map_err(super::storage)?;
     let streams = txn.open_table(STREAMS).map_err(super::storage)?;
     let chunks = txn.open_table(CHUNKS).map_err(super::storage)?;
-    let lost = match txn.open_table(LOST) {
-        Ok(lost) => Some(lost),
-        Err(redb::TableError::TableDoesNotExist(_)) => None,
-        Err(e) => return Err(super::storage(e)),
-    };
     // Past the seqs from `seq` on that a repair recorded lost.
     let past_lost = |id: u64, seq: u64| -> Result<u64> {
-        let Some(lost) = &lost else { return Ok(seq) };
-        let last = lost
-            .range((id, 0)..=(id, seq))
-            .map_err(super::storage)?
-            .next_back()
-            .transpose()
-            .map_err(super::storage)?
-            .map(|(_, last)| last.value());
-        Ok(match last {
-            Some(last) if last >= seq => last + 1,
-            _ => seq,
-        })
+        let last = lost_through(&txn, id, seq).map_err(super::storage)?;
+        Ok(last.map_or(seq, |last| last + 1))
     };
     let store_file = store_file.to_path_buf();
     let mut totals = Totals::default();

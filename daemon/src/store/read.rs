@@ -12,7 +12,7 @@ use super::chunk::{
     chunk_bytes, chunk_holding, corrupt_chunk, corrupt_frame, ChunkIter, FrameSink, StoredFrame,
 };
 use super::schema::{
-    ProducerState, StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, LOST, META,
+    lost_through, ProducerState, StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, META,
     META_NEXT_STREAM_ID, PRODUCERS, STEPS, STREAMS,
 };
 use super::{guard_db, storage, Store};
@@ -287,19 +287,7 @@ impl Store {
         from_seq: u64,
         mut chunk: ReadChunk<S>,
     ) -> Result<Option<ReadChunk<S>>> {
-        let lost = match txn.open_table(LOST) {
-            Ok(table) => table
-                .range((meta.id, 0)..=(meta.id, from_seq))
-                .map_err(|e| self.fail(e))?
-                .next_back()
-                .transpose()
-                .map_err(|e| self.fail(e))?
-                .map(|(_, last)| last.value())
-                .filter(|&last| last >= from_seq),
-            Err(redb::TableError::TableDoesNotExist(_)) => None,
-            Err(e) => return Err(self.fail(e)),
-        };
-        match lost {
+        match lost_through(txn, meta.id, from_seq).map_err(|e| self.fail(e))? {
             Some(last) => {
                 chunk.first_seq = last + 1;
                 Ok(Some(chunk))

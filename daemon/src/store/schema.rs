@@ -155,6 +155,27 @@ pub(super) fn recorded_version(db: &impl ReadableDatabase) -> Result<Option<u64>
     Ok(version)
 }
 
+/// The last seq of the range `tetherd repair` recorded lost in stream
+/// `id` that holds `seq`, if one does (a store never repaired has no such
+/// table).
+pub(super) fn lost_through(
+    txn: &redb::ReadTransaction,
+    id: u64,
+    seq: u64,
+) -> std::result::Result<Option<u64>, redb::Error> {
+    let lost = match txn.open_table(LOST) {
+        Ok(lost) => lost,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let last = lost
+        .range((id, 0)..=(id, seq))?
+        .next_back()
+        .transpose()?
+        .map(|(_, last)| last.value());
+    Ok(last.filter(|&last| last >= seq))
+}
+
 /// Refuses a store at `path` of a layout `version` this build cannot read
 /// (exit 65: it is not this build's to change), naming both versions.
 pub(super) fn check_version(path: &Path, version: u64) -> Result<()> {
