@@ -118,6 +118,6 @@ impl Config {
 
     /// The redb file inside the state directory.
     pub fn store_path(&self) -> PathBuf {
-        self.state_dir.join("tether.redb")
+        self.state_dir.join(crate::store::STORE_FILE)
     }
 }

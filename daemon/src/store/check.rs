@@ -38,7 +38,7 @@ pub fn run(state_dir: &Path) -> Result<String> {
 
 /// [`run`] with the state directory's lock held by the caller.
 pub(super) fn verify_dir(state_dir: &Path) -> Result<String> {
-    let store = state_dir.join("tether.redb");
+    let store = state_dir.join(super::STORE_FILE);
     let log_path = store.with_extension("wal");
     super::repair::refuse_interrupted(state_dir)?;
     let has_data = std::fs::metadata(&store).is_ok_and(|m| m.len() > 0);

@@ -224,6 +224,10 @@ fn verify_before_writing(
 /// table, redb's own tables).
 const MIN_ROOM: u64 = 256 * 1024;
 
+/// The store file's name in the state directory; the log's is the same
+/// with the extension `wal`.
+pub const STORE_FILE: &str = "tether.redb";
+
 /// The most pages commits made without durability may leave in redb's
 /// write buffer, to be written by a later commit (half of its page cache,
 /// `CACHE_BYTES` in `recovery`).

@@ -30,7 +30,7 @@ use super::schema::{
 };
 use super::txn::commit;
 use super::verify::{read_marks, LogMarks};
-use super::{check, guard_db, storage, Store};
+use super::{check, guard_db, storage, Store, STORE_FILE};
 use crate::error::Damage;
 use crate::lock::StateLock;
 use crate::store_io::OsOpener;
@@ -51,10 +51,6 @@ const MIN_FRAME_BYTES: u64 = 3;
 
 /// Chunk bytes gathered before they are written to the new store.
 const BATCH_BYTES: usize = 16 * 1024 * 1024;
-
-/// The store file's name in the state directory (the log's is the same
-/// with `wal`).
-const STORE_FILE: &str = "tether.redb";
 
 /// Repairs the store in `state_dir` (see the module docs) and returns its
 /// report: what was damaged, where the damaged files were copied, and
@@ -157,9 +153,6 @@ fn put_in_place(state_dir: &Path) -> Result<()> {
         let to = state_dir.join(name);
         if from.exists() {
             fs::rename(&from, &to).map_err(|e| io_error("cannot move the new file to", &to, e))?;
-        } else if name == "tether.wal" && !to.exists() {
-            // A new log not made (nothing to copy) is an empty one.
-            write_synced(&to, &[])?;
         }
     }
     sync_dir(state_dir)?;
@@ -330,6 +323,8 @@ struct Build<'s> {
     next_stream_id: u64,
     batch: Vec<Change>,
     batch_bytes: usize,
+    /// The stream ids chunks were written for.
+    chunk_ids: std::collections::BTreeSet<u64>,
     notes: Vec<String>,
     store_lost: bool,
 }
@@ -345,6 +340,7 @@ impl<'s> Build<'s> {
             next_stream_id: 1,
             batch: Vec::new(),
             batch_bytes: 0,
+            chunk_ids: std::collections::BTreeSet::new(),
             notes: Vec::new(),
             store_lost: false,
         }
@@ -371,51 +367,11 @@ impl<'s> Build<'s> {
                 )),
             },
         );
-        let chunks = match txn.open_table(CHUNKS) {
-            Ok(chunks) => Some(chunks),
-            Err(e) => {
-                self.notes
-                    .push(format!("the store's chunks could not be read ({e})"));
-                None
-            }
-        };
-        let mut kept = Vec::new();
-        for id in ids.iter().copied().filter(|_| chunks.is_some()) {
-            let Some(chunks) = &chunks else { break };
-            let range = match chunks.range((id, 0)..=(id, u64::MAX)) {
-                Ok(range) => range,
-                Err(e) => {
-                    self.note_unreadable(id, &e.to_string());
-                    continue;
-                }
-            };
-            for item in range {
-                let (key, value) = match item {
-                    Ok(item) => item,
-                    Err(e) => {
-                        // The rest of the stream's chunks sit behind the
-                        // page that failed.
-                        self.note_unreadable(id, &e.to_string());
-                        break;
-                    }
-                };
-                let (_, first) = key.value();
-                let bytes = match &log {
-                    Some(log) => chunk_bytes(value.value(), log, &mut kept, &"", first)
-                        .ok()
-                        .flatten(),
-                    None => super::chunk::InLog::parse(value.value())
-                        .is_none()
-                        .then_some(value.value()),
-                };
-                if let Some(bytes) = bytes.filter(|b| chunk_verifies(first, b)) {
-                    let bytes = bytes.to_vec();
-                    self.push(Change::Chunk {
-                        key: (id, first),
-                        bytes,
-                    })?;
-                }
-            }
+        match txn.open_table(CHUNKS) {
+            Ok(chunks) => self.copy_chunks(&chunks, &ids, log.as_ref())?,
+            Err(e) => self
+                .notes
+                .push(format!("the store's chunks could not be read ({e})")),
         }
         self.read_table(&txn, PRODUCERS, "producers", |build, (id, name), state| {
             build.producers.insert((id, name.to_owned()), state);
@@ -464,6 +420,54 @@ impl<'s> Build<'s> {
             }
             Ok(())
         })
+    }
+
+    /// Copies every chunk of the streams `ids` in the old store's
+    /// `chunks` that verifies (those the old log keeps read through `log`,
+    /// if it could be opened). A stream's chunks behind a page that fails
+    /// to read are lost, noted.
+    fn copy_chunks(
+        &mut self,
+        chunks: &redb::ReadOnlyTable<(u64, u64), &[u8]>,
+        ids: &[u64],
+        log: Option<&LogReader>,
+    ) -> Result<()> {
+        let mut kept = Vec::new();
+        for &id in ids {
+            let range = match chunks.range((id, 0)..=(id, u64::MAX)) {
+                Ok(range) => range,
+                Err(e) => {
+                    self.note_unreadable(id, &e.to_string());
+                    continue;
+                }
+            };
+            for item in range {
+                let (key, value) = match item {
+                    Ok(item) => item,
+                    Err(e) => {
+                        self.note_unreadable(id, &e.to_string());
+                        break;
+                    }
+                };
+                let (_, first) = key.value();
+                let bytes = match log {
+                    Some(log) => chunk_bytes(value.value(), log, &mut kept, &"", first)
+                        .ok()
+                        .flatten(),
+                    None => super::chunk::InLog::parse(value.value())
+                        .is_none()
+                        .then_some(value.value()),
+                };
+                if let Some(bytes) = bytes.filter(|b| chunk_verifies(first, b)) {
+                    let bytes = bytes.to_vec();
+                    self.push(Change::Chunk {
+                        key: (id, first),
+                        bytes,
+                    })?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn note_unreadable(&mut self, id: u64, why: &str) {
@@ -581,8 +585,9 @@ impl<'s> Build<'s> {
     }
 
     fn push(&mut self, change: Change) -> Result<()> {
-        if let Change::Chunk { bytes, .. } = &change {
+        if let Change::Chunk { key, bytes } = &change {
             self.batch_bytes += bytes.len();
+            self.chunk_ids.insert(key.0);
         }
         self.batch.push(change);
         if self.batch_bytes >= BATCH_BYTES {
@@ -780,22 +785,26 @@ impl<'s> Build<'s> {
     }
 
     /// The stream ids of the new store's chunks that no stream names, with
-    /// their frame counts.
+    /// their frame counts (only the ids chunks were written for are looked
+    /// at, not the whole table again).
     fn orphans(&self, known: &std::collections::HashSet<u64>) -> Result<Vec<(u64, u64)>> {
         let guard = self.new.handle()?;
         let db = guard_db(&guard)?;
         let txn = db.begin_read().map_err(storage)?;
         let chunks = txn.open_table(CHUNKS).map_err(storage)?;
-        let mut orphans: BTreeMap<u64, u64> = BTreeMap::new();
-        for item in chunks.iter().map_err(storage)? {
-            let (key, value) = item.map_err(storage)?;
-            let (id, first) = key.value();
-            if !known.contains(&id) {
-                let count = ChunkIter::new(first, value.value()).map_or(0, |i| i.count() as u64);
-                *orphans.entry(id).or_default() += count;
+        let mut orphans = Vec::new();
+        for &id in self.chunk_ids.iter().filter(|id| !known.contains(id)) {
+            let mut frames = 0;
+            for item in chunks.range((id, 0)..=(id, u64::MAX)).map_err(storage)? {
+                let (key, value) = item.map_err(storage)?;
+                frames +=
+                    ChunkIter::new(key.value().1, value.value()).map_or(0, |i| i.count() as u64);
+            }
+            if frames > 0 {
+                orphans.push((id, frames));
             }
         }
-        Ok(orphans.into_iter().collect())
+        Ok(orphans)
     }
 }
 
