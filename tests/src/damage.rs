@@ -25,6 +25,7 @@ use std::time::Duration;
 use crate::cli::{self, Output};
 use crate::daemon;
 use crate::sandbox::Sandbox;
+use crate::text::lines;
 
 /// The store file in a state directory.
 pub const STORE_FILE: &str = "tether.redb";
@@ -172,8 +173,19 @@ pub fn start_refused(sb: &Sandbox) -> Output {
 /// Runs `tetherd check` on the sandbox's state directory (and socket, for
 /// when a daemon runs there) to completion.
 pub fn check(sb: &Sandbox) -> Output {
+    tetherd_command(sb, "check")
+}
+
+/// Runs `tetherd repair` on the sandbox's state directory to completion.
+pub fn repair(sb: &Sandbox) -> Output {
+    tetherd_command(sb, "repair")
+}
+
+/// Runs `tetherd COMMAND` with the sandbox's state directory and socket
+/// to completion.
+fn tetherd_command(sb: &Sandbox, command: &str) -> Output {
     let mut cmd = Command::new(crate::bins::tetherd());
-    cmd.arg("check")
+    cmd.arg(command)
         .arg("--state-dir")
         .arg(sb.state_dir())
         .arg("--socket")
@@ -182,16 +194,19 @@ pub fn check(sb: &Sandbox) -> Output {
     cli::run(cmd, b"", DEADLINE)
 }
 
-/// Runs `tetherd repair` on the sandbox's state directory to completion.
-pub fn repair(sb: &Sandbox) -> Output {
-    let mut cmd = Command::new(crate::bins::tetherd());
-    cmd.arg("repair")
-        .arg("--state-dir")
-        .arg(sb.state_dir())
-        .arg("--socket")
-        .arg(sb.socket());
-    clean_env(&mut cmd);
-    cli::run(cmd, b"", DEADLINE)
+/// A sandbox whose stopped daemon stored lines 1 to `frames` of `stream`
+/// (line `n` is seq `n`) from four publishes, so that the log holds a few
+/// records.
+pub fn small_store(stream: &str, frames: u64) -> Sandbox {
+    let sb = Sandbox::new();
+    let mut d = sb.start_daemon();
+    for part in 0..4 {
+        let first = part * frames / 4 + 1;
+        sb.publish(stream, &lines(first..=first + frames / 4 - 1));
+    }
+    crate::raw::assert_stored(&sb.socket(), stream, frames);
+    assert!(d.terminate().success());
+    sb
 }
 
 /// The sandbox's flags must be the only source of paths and settings.

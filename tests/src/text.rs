@@ -39,6 +39,11 @@ pub fn wide_lines(range: RangeInclusive<u64>, width: usize) -> String {
     out
 }
 
+/// The payload bytes of [`line`]`(n)`: the line without its newline.
+pub fn payload_len(n: u64) -> u64 {
+    line(n).len() as u64 - 1
+}
+
 /// Asserts `actual == expected` for outputs too large to print whole: on a
 /// mismatch it reports the line counts, the first differing line and a few
 /// lines around it.

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tether_tests::damage::{self, Record, StateSnapshot, LOG_FILE, STORE_FILE};
-use tether_tests::text::{line, lines};
+use tether_tests::text::{line, lines, payload_len};
 use tether_tests::{raw, Output, Sandbox, StdinFeeder};
 
 const STREAM: &str = "s1";
@@ -21,21 +21,8 @@ const STREAM: &str = "s1";
 /// stopped cleanly.
 const SMALL: u64 = 1000;
 
-/// A payload's bytes: the line without its newline.
-fn payload_len(n: u64) -> u64 {
-    line(n).len() as u64 - 1
-}
-
 fn small_store() -> Sandbox {
-    let sb = Sandbox::new();
-    let mut d = sb.start_daemon();
-    for part in 0..4 {
-        let first = part * SMALL / 4 + 1;
-        sb.publish(STREAM, &lines(first..=first + SMALL / 4 - 1));
-    }
-    raw::assert_stored(&sb.socket(), STREAM, SMALL);
-    assert!(d.terminate().success());
-    sb
+    damage::small_store(STREAM, SMALL)
 }
 
 fn store_file(sb: &Sandbox) -> PathBuf {

@@ -8,15 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use tether_tests::damage::{self, StateSnapshot, LOG_FILE, STORE_FILE};
-use tether_tests::text::{line, lines, wide_lines};
+use tether_tests::text::{line, lines, payload_len, wide_lines};
 use tether_tests::{raw, Sandbox};
 
 const STREAM: &str = "s1";
-
-/// A payload's bytes: the line without its newline.
-fn payload_len(n: u64) -> u64 {
-    line(n).len() as u64 - 1
-}
 
 fn log_file(sb: &Sandbox) -> PathBuf {
     sb.state_dir().join(LOG_FILE)
@@ -162,13 +157,7 @@ fn without_its_log_a_stream_skips_ahead_by_what_the_log_could_hold() {
 
 #[test]
 fn a_store_file_past_reading_is_rebuilt_from_the_log() {
-    let sb = Sandbox::new();
-    let mut d = sb.start_daemon();
-    for part in 0..4 {
-        let first = part * 250 + 1;
-        sb.publish(STREAM, &lines(first..=first + 249));
-    }
-    assert!(d.terminate().success());
+    let sb = damage::small_store(STREAM, 1000);
     let store = sb.state_dir().join(STORE_FILE);
     damage::truncate(&store, 100_000);
     let out = damage::repair(&sb);
@@ -341,13 +330,7 @@ fn after_each_kind_of_damage_repair_lets_the_daemon_start_and_no_seq_is_reused()
         }),
     ];
     for (kind, damage_it) in kinds {
-        let sb = Sandbox::new();
-        let mut d = sb.start_daemon();
-        for part in 0..4 {
-            let first = part * 250 + 1;
-            sb.publish(STREAM, &lines(first..=first + 249));
-        }
-        assert!(d.terminate().success());
+        let sb = damage::small_store(STREAM, 1000);
         damage_it(&sb);
         damage::check(&sb).assert_code(65);
         let repaired = damage::repair(&sb);
