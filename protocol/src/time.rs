@@ -36,16 +36,11 @@ pub struct Rfc3339(pub u64);
 
 impl fmt::Display for Rfc3339 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let micros = self.0 % 1_000_000;
-        let secs = self.0 / 1_000_000;
-        let (year, month, day) = civil_from_days(secs / 86_400);
-        let rem = secs % 86_400;
+        let t = Utc::of(self.0);
         write!(
             f,
-            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-            rem / 3600,
-            rem / 60 % 60,
-            rem % 60
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+            t.year, t.month, t.day, t.hour, t.minute, t.second, t.micros
         )
     }
 }
@@ -57,16 +52,40 @@ pub struct CompactUtc(pub u64);
 
 impl fmt::Display for CompactUtc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let secs = self.0 / 1_000_000;
-        let (year, month, day) = civil_from_days(secs / 86_400);
-        let rem = secs % 86_400;
+        let t = Utc::of(self.0);
         write!(
             f,
-            "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
-            rem / 3600,
-            rem / 60 % 60,
-            rem % 60
+            "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+            t.year, t.month, t.day, t.hour, t.minute, t.second
         )
+    }
+}
+
+/// A time's UTC calendar fields, for both ways of showing it.
+struct Utc {
+    year: u64,
+    month: u64,
+    day: u64,
+    hour: u64,
+    minute: u64,
+    second: u64,
+    micros: u64,
+}
+
+impl Utc {
+    fn of(micros: u64) -> Utc {
+        let secs = micros / 1_000_000;
+        let (year, month, day) = civil_from_days(secs / 86_400);
+        let rem = secs % 86_400;
+        Utc {
+            year,
+            month,
+            day,
+            hour: rem / 3600,
+            minute: rem / 60 % 60,
+            second: rem % 60,
+            micros: micros % 1_000_000,
+        }
     }
 }
 
