@@ -639,5 +639,11 @@ fn a_workers_output_waits_in_its_shim_while_the_disk_is_full_and_none_is_lost() 
         .shim_log(&id)
         .matches("holding the worker's output")
         .count();
-    assert_eq!(told, 1, "the shim says once that it holds the output");
+    // Once per fault: a short fault cured at its first retry lets the
+    // shim store frames, and the lasting one after it is news again.
+    let faults = degraded_lines(&logs).len();
+    assert!(
+        (1..=faults).contains(&told),
+        "the shim said {told} times that it holds the output, over {faults} faults"
+    );
 }
