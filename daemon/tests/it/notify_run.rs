@@ -11,26 +11,38 @@ use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Reads datagrams (on a blocking thread) until one holds `line`.
+/// Reads datagrams (on a blocking thread) until one holds `line`; every
+/// datagram read on the way is in the panic message when none does.
 async fn wait_for(socket: &UnixDatagram, line: &'static str) {
     let socket = socket.try_clone().unwrap();
     tokio::task::spawn_blocking(move || {
         socket.set_read_timeout(Some(WAIT)).unwrap();
+        let mut seen = Vec::new();
         let mut buf = [0u8; 4096];
         loop {
             let n = socket
                 .recv(&mut buf)
-                .unwrap_or_else(|e| panic!("no {line} arrived: {e}"));
-            if String::from_utf8_lossy(&buf[..n])
-                .lines()
-                .any(|l| l == line)
-            {
+                .unwrap_or_else(|e| panic!("no {line} arrived ({e}); before it: {seen:?}"));
+            let datagram = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if datagram.lines().any(|l| l == line) {
                 return;
             }
+            seen.push(datagram);
         }
     })
     .await
     .unwrap();
+}
+
+/// Every datagram already queued on `socket`, without waiting.
+fn queued(socket: &UnixDatagram) -> Vec<String> {
+    socket.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut all = Vec::new();
+    while let Ok(n) = socket.recv(&mut buf) {
+        all.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    all
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,12 +62,20 @@ async fn ready_means_the_socket_accepts_and_stopping_comes_with_shutdown() {
     wait_for(&notify, "READY=1").await;
     std::os::unix::net::UnixStream::connect(&socket).expect("READY=1 before the socket accepted");
     token.cancel();
-    wait_for(&notify, "STOPPING=1").await;
+    // The daemon has stopped before STOPPING=1 is looked for, so that a
+    // daemon slow to stop and a missing notice fail apart.
     tokio::time::timeout(WAIT, task)
         .await
-        .unwrap()
+        .expect("the daemon did not stop within 30 s of its shutdown")
         .unwrap()
         .unwrap();
+    let after_ready = queued(&notify);
+    assert!(
+        after_ready
+            .iter()
+            .any(|d| d.lines().any(|l| l == "STOPPING=1")),
+        "no STOPPING=1 among {after_ready:?}"
+    );
     assert!(
         !socket.exists(),
         "a socket the daemon bound is removed on exit"
