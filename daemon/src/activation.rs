@@ -11,6 +11,7 @@
 //! inherited descriptor is either adopted with close-on-exec or closed, so
 //! that shims and workers inherit neither.
 
+use std::ops::Range;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
@@ -97,6 +98,17 @@ impl ListenEnv {
              set FileDescriptorName={FD_NAME} on the daemon's socket",
             self.names.as_deref().unwrap_or("no $LISTEN_FDNAMES")
         )))
+    }
+
+    /// The descriptors passed to this process (`LISTEN_FDS_START..`), left
+    /// to [`ListenEnv::activate`]; empty when none were.
+    pub fn passed(&self) -> Range<RawFd> {
+        let count = match self.choose(std::process::id()) {
+            Ok(Some((_, count))) => RawFd::try_from(count).unwrap_or(RawFd::MAX),
+            // A bad count is refused by `activate`, before anything runs.
+            Ok(None) | Err(_) => 0,
+        };
+        LISTEN_FDS_START..LISTEN_FDS_START.saturating_add(count)
     }
 
     /// The socket to serve, if the environment passes one: adopts it and

@@ -25,6 +25,7 @@
 //!   durable steps, the supervisor resumes attempts from them.
 //! * [`notify`] reports readiness, status and watchdog pings to the
 //!   service manager; [`activation`] adopts a socket it passed.
+//! * [`inherited`] keeps descriptors the daemon inherited from its children.
 //! * [`config`], [`lock`], [`shutdown`] and [`error`] do what they say.
 
 pub mod access;
@@ -37,6 +38,7 @@ pub mod engine;
 pub mod error;
 pub mod hub;
 pub mod ingest;
+pub mod inherited;
 pub mod lock;
 pub mod notify;
 pub mod server;

@@ -229,6 +229,13 @@ fn start(
 ) -> tetherd::Result<()> {
     let config = config_from(args.clone())?;
     let log = init_tracing(&config.log_level);
+    // Before any thread starts, and before shims are started: see
+    // `tetherd::inherited`.
+    let marked = tetherd::inherited::close_on_exec_except(listen_env.passed())
+        .map_err(|e| tetherd::Error::io("cannot keep inherited descriptors from workers", e))?;
+    if marked > 0 {
+        tracing::debug!("{marked} inherited descriptors marked close-on-exec");
+    }
     let activated = listen_env.activate()?;
     let notifier = tetherd::notify::Notifier::from_env(notify_env)?;
     let (reload_tx, reloads) = tokio::sync::mpsc::unbounded_channel();

@@ -17,6 +17,11 @@ pub fn tether() -> PathBuf {
     find("tether")
 }
 
+/// The `tether-shim` executable tetherd starts for each worker attempt.
+pub fn tether_shim() -> PathBuf {
+    find("tether-shim")
+}
+
 fn find(name: &str) -> PathBuf {
     let exe = std::env::current_exe()
         .unwrap_or_else(|e| panic!("cannot find the running test executable: {e}"));

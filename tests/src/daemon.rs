@@ -37,6 +37,9 @@ pub struct Daemon {
     incarnations: u32,
     /// Variables set for every incarnation.
     env: Vec<(String, String)>,
+    /// Shell commands run before `exec tetherd`, in the shell that becomes
+    /// the daemon (see [`Daemon::start_after_shell`]).
+    shell_prelude: Option<String>,
 }
 
 impl Daemon {
@@ -52,7 +55,29 @@ impl Daemon {
         log_dir: &Path,
         env: &[(&str, &str)],
     ) -> Self {
-        let mut daemon = Self {
+        let mut daemon = Self::new(socket, state_dir, log_dir, env);
+        daemon.spawn_and_wait();
+        daemon
+    }
+
+    /// [`Daemon::start`] by a shell that runs `prelude` and then `exec`s
+    /// tetherd (as every restart does): the daemon keeps the shell's pid
+    /// and gets what the prelude left it, such as open descriptors
+    /// (`exec 10</dev/null`).
+    pub fn start_after_shell(
+        socket: &Path,
+        state_dir: &Path,
+        log_dir: &Path,
+        prelude: &str,
+    ) -> Self {
+        let mut daemon = Self::new(socket, state_dir, log_dir, &[]);
+        daemon.shell_prelude = Some(prelude.to_owned());
+        daemon.spawn_and_wait();
+        daemon
+    }
+
+    fn new(socket: &Path, state_dir: &Path, log_dir: &Path, env: &[(&str, &str)]) -> Self {
+        Self {
             socket: socket.to_owned(),
             state_dir: state_dir.to_owned(),
             log_dir: log_dir.to_owned(),
@@ -62,9 +87,8 @@ impl Daemon {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
-        };
-        daemon.spawn_and_wait();
-        daemon
+            shell_prelude: None,
+        }
     }
 
     /// The socket it listens on.
@@ -145,6 +169,18 @@ impl Daemon {
         let log = File::create(&log_path)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", log_path.display()));
         let mut cmd = command(&self.socket, &self.state_dir);
+        if let Some(prelude) = &self.shell_prelude {
+            // `$0` and `$@` are tetherd and its arguments, passed as they
+            // are rather than quoted into the script.
+            let mut shell = Command::new("bash");
+            shell
+                .arg("-c")
+                .arg(format!("{prelude}\nexec \"$0\" \"$@\""))
+                .arg(cmd.get_program())
+                .args(cmd.get_args())
+                .stdin(Stdio::null());
+            cmd = shell;
+        }
         cmd.stdout(Stdio::null())
             .stderr(log)
             .envs(self.env.iter().cloned());

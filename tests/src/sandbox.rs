@@ -73,6 +73,12 @@ impl Sandbox {
         Daemon::start_with_env(&self.socket(), &self.state_dir(), self.path(), env)
     }
 
+    /// A daemon started by a shell that runs `prelude` first (see
+    /// [`Daemon::start_after_shell`]).
+    pub fn start_daemon_after_shell(&self, prelude: &str) -> Daemon {
+        Daemon::start_after_shell(&self.socket(), &self.state_dir(), self.path(), prelude)
+    }
+
     /// `tether --socket S --connect-timeout 20s ARGS...`.
     pub fn tether(&self, args: &[&str]) -> Command {
         self.tether_with_timeout(CONNECT_TIMEOUT, args)

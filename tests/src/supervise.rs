@@ -58,6 +58,11 @@ impl Supervised {
     /// disk).
     pub fn on(sandbox: Sandbox) -> Self {
         let daemon = sandbox.start_daemon();
+        Self::with(sandbox, daemon)
+    }
+
+    /// `daemon`, started on `sandbox` by the caller in a way of its own.
+    pub fn with(sandbox: Sandbox, daemon: Daemon) -> Self {
         Self {
             daemon: Some(daemon),
             sandbox,

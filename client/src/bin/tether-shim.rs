@@ -9,6 +9,12 @@ use std::process::ExitCode;
 use tether::shim::{self, ShimOptions};
 
 fn main() -> ExitCode {
+    // First, while this is the only thread: the worker inherits nothing
+    // but its stdin, stdout and stderr. tetherd passes nothing else, so a
+    // failure here is reported and the worker still started.
+    if let Err(e) = shim::inherited::close_on_exec() {
+        eprintln!("tether-shim: the worker may inherit descriptors of the shim: {e}");
+    }
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
         eprintln!(

@@ -26,8 +26,10 @@
 //! ended), the shim kills its worker and exits 1.
 //!
 //! The shim writes a few lines about its life to its stderr, which the
-//! daemon points at a log file per execution.
+//! daemon points at a log file per execution. The worker gets none of the
+//! shim's descriptors but its three ([`inherited`]).
 
+pub mod inherited;
 pub mod lines;
 pub mod procfs;
 pub mod spec;

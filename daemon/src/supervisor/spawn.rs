@@ -9,9 +9,10 @@
 //! worker's output never goes there.
 //!
 //! The daemon opens every descriptor of its own with `O_CLOEXEC` (the Rust
-//! standard library, tokio and the pidfd syscall all do), so a shim inherits
-//! nothing but these three: in particular not the state directory's lock,
-//! which would otherwise outlive the daemon.
+//! standard library, tokio and the pidfd syscall all do) and marks those it
+//! inherited so at start ([`crate::inherited`]), so a shim inherits nothing
+//! but these three: in particular not the state directory's lock, which
+//! would otherwise outlive the daemon.
 
 use std::fs::OpenOptions;
 use std::io;

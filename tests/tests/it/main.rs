@@ -12,6 +12,7 @@ mod checkpoint_cli;
 mod checkpoint_corruption;
 mod checkpoint_durability;
 mod checkpoint_support;
+mod clean_start;
 mod compaction;
 mod crash_resume;
 mod exit_codes;
