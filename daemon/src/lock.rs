@@ -67,6 +67,9 @@ impl StateLock {
         };
         write_pid(&mut file)
             .map_err(|e| Error::io(format!("cannot write lock file {}", path.display()), e))?;
+        // Narrowed by the holder only, once it holds the lock.
+        crate::store_io::keep_private(&file, &path)
+            .map_err(|e| Error::io("cannot keep the lock file private", e))?;
         Ok(StateLock { _file: file, path })
     }
 

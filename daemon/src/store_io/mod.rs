@@ -37,7 +37,7 @@ mod tests;
 pub use backend::{Headroom, RedbFile};
 #[cfg(any(test, feature = "test-hooks"))]
 pub use faults::{FaultPlan, FaultyFile, FaultyOpener, Files, IoOp};
-pub use os::{OsFile, OsOpener};
+pub use os::{keep_private, OsFile, OsOpener};
 
 /// One open file, as the log and the store use it: positioned reads and
 /// writes, never a shared cursor, so that any thread may use it at once.

@@ -99,12 +99,38 @@ impl Opener for OsOpener {
             .truncate(false)
             .mode(0o600)
             .open(path)?;
+        keep_private(&file, path)?;
         Ok(Arc::new(OsFile::new(file)))
     }
 
     fn open_read(&self, path: &Path) -> io::Result<Arc<dyn FileIo>> {
         Ok(Arc::new(OsFile::new(File::open(path)?)))
     }
+}
+
+/// Narrows a state file that exists with a looser mode than 0600 (made
+/// by an older version, or by hand) to 0600, and says so once: afterwards
+/// it is 0600. A new file is created 0600 and left as it is. Only files:
+/// directories are never chmodded.
+pub fn keep_private(file: &File, path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = file.metadata()?.permissions().mode() & 0o7777;
+    // Anything beyond the owner's own bits: group, others, set-id, sticky.
+    if mode & !0o700 == 0 {
+        return Ok(());
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot narrow {} to mode 0600: {e}", path.display()),
+            )
+        })?;
+    tracing::warn!(
+        "{} had mode {mode:04o}: narrowed to 0600, as state files are the owner's alone",
+        path.display()
+    );
+    Ok(())
 }
 
 #[cfg(test)]
@@ -136,5 +162,30 @@ mod tests {
         let mut past = [0u8; 2];
         let eof = again.read_exact_at(&mut past, 4095).unwrap_err();
         assert_eq!(eof.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn a_state_file_left_open_to_others_is_narrowed_to_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+        for (name, before, after) in [
+            ("loose.redb", 0o644, 0o600),
+            ("group.wal", 0o660, 0o600),
+            ("strict.redb", 0o400, 0o400),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, b"kept").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(before)).unwrap();
+            let file = File::open(&path).unwrap();
+            keep_private(&file, &path).unwrap();
+            assert_eq!(mode(&path), after, "{name}");
+            assert_eq!(std::fs::read(&path).unwrap(), b"kept");
+        }
+        let path = dir.path().join("opened.redb");
+        std::fs::write(&path, b"").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        OsOpener.open(&path).unwrap();
+        assert_eq!(mode(&path), 0o600);
     }
 }

@@ -105,12 +105,14 @@ impl Launcher {
             .create(&self.log_dir)
             .map_err(|e| context("create the shim log directory", &self.log_dir, e))?;
         let path = self.log_path(execution);
-        OpenOptions::new()
+        let log = OpenOptions::new()
             .append(true)
             .create(true)
             .mode(0o600)
             .open(&path)
-            .map_err(|e| context("open the shim log", &path, e))
+            .map_err(|e| context("open the shim log", &path, e))?;
+        crate::store_io::keep_private(&log, &path)?;
+        Ok(log)
     }
 
     /// The log file of `execution`'s shims.
