@@ -15,9 +15,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::FlockOperation;
+use rustix::io::Errno;
 
 use crate::{Error, Result};
 
@@ -82,24 +84,14 @@ impl StateLock {
 /// Takes a write lock on the whole of `file` for this process; `false`
 /// when another process holds one.
 fn try_lock(file: &File) -> io::Result<bool> {
-    let whole_file = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    // SAFETY: `fcntl(F_SETLK)` reads the `flock` we pass for the duration
-    // of the call, on a descriptor `file` keeps open.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &whole_file) };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EACCES | libc::EAGAIN) => Ok(false),
-        _ => Err(e),
+    // rustix's non-blocking exclusive `fcntl_lock` is `F_SETLK` with
+    // `F_WRLCK` from offset 0 to the end of the file, however it grows: a
+    // POSIX record lock, not `flock` (see the module docs).
+    match rustix::fs::fcntl_lock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        // POSIX lets either say that another process holds the lock.
+        Err(e) if e == Errno::ACCESS || e == Errno::AGAIN => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -158,12 +150,14 @@ mod tests {
     }
 
     fn exit_code(pid: libc::pid_t) -> i32 {
-        let mut status = 0;
-        // SAFETY: waits for our own child, writing its status to `status`.
-        #[allow(unsafe_code)]
-        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+        let pid = rustix::process::Pid::from_raw(pid).unwrap();
+        let (waited, status) =
+            rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty())
+                .unwrap()
+                .unwrap();
         assert_eq!(waited, pid);
-        assert!(libc::WIFEXITED(status), "the child did not exit: {status}");
-        libc::WEXITSTATUS(status)
+        status
+            .exit_status()
+            .unwrap_or_else(|| panic!("the child did not exit: {status:?}"))
     }
 }

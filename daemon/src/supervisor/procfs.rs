@@ -11,11 +11,16 @@
 //! right process, and a signal sent through it can never reach a process
 //! that later got the same pid.
 //!
-//! The `unsafe` calls (two raw syscalls and adopting the descriptor one of
-//! them returns) each sit in one small function with the reason it is sound.
+//! `pidfd_open` and `poll` go through rustix. Two calls need `unsafe`, each
+//! in one small function with the reason it is sound: `pidfd_send_signal`
+//! with flags (rustix offers it without, and without signal 0), and
+//! registering a borrowed pidfd with tokio's reactor.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::process::{Pid, PidfdFlags};
 
 use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
@@ -99,8 +104,11 @@ impl Pidfd {
     /// check as in [`Pidfd::open_verified`].
     pub fn open(pid: u32) -> io::Result<Pidfd> {
         let raw = i32::try_from(pid)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
-        let fd = sys_pidfd_open(raw)?;
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+        // The kernel sets close-on-exec on it, so shims do not inherit it.
+        let fd = rustix::process::pidfd_open(raw, PidfdFlags::empty())?;
         Ok(Pidfd { fd, pid })
     }
 
@@ -156,12 +164,13 @@ impl Pidfd {
 
     /// True once the process has exited (the pidfd polls readable).
     pub fn has_exited(&self) -> bool {
-        let mut poll = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        // A zero timeout never blocks.
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
         };
-        sys_poll_now(&mut poll).is_ok_and(|ready| ready > 0)
+        rustix::event::poll(&mut fds, Some(&now)).is_ok_and(|ready| ready > 0)
     }
 
     /// Resolves when the process has exited. It does not reap it: a child
@@ -257,22 +266,8 @@ pub fn signal_session(leader: ProcessId, with_leader: bool, signal: i32) -> io::
 /// `PIDFD_SIGNAL_PROCESS_GROUP` from linux/pidfd.h (Linux 6.9).
 const PIDFD_SIGNAL_PROCESS_GROUP: u32 = 1 << 2;
 
-#[allow(unsafe_code)]
-fn sys_pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and a flags word by value and touches
-    // no memory of ours. On success it returns a new descriptor (with
-    // O_CLOEXEC set by the kernel, so shims do not inherit it) that nothing
-    // else owns, so adopting it into an `OwnedFd` is sound.
-    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = RawFd::try_from(ret)
-        .map_err(|_| io::Error::other("pidfd_open returned an out-of-range descriptor"))?;
-    // SAFETY: see above: `fd` is a fresh descriptor owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
+/// `pidfd_send_signal(2)` as is: rustix's takes no flags (the process
+/// group one is needed) and no signal 0.
 #[allow(unsafe_code)]
 fn sys_pidfd_send_signal(pidfd: RawFd, signal: i32, flags: u32) -> io::Result<()> {
     // SAFETY: a null siginfo pointer is allowed (the kernel then fills it
@@ -300,17 +295,6 @@ fn watch_readable(fd: BorrowedFd<'_>) -> io::Result<AsyncFd<BorrowedFd<'_>>> {
     // `AsyncFd` is dropped, and a `BorrowedFd` always returns that same
     // descriptor.
     unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)
-}
-
-#[allow(unsafe_code)]
-fn sys_poll_now(poll: &mut libc::pollfd) -> io::Result<i32> {
-    // SAFETY: `poll` points to exactly one valid, exclusively borrowed
-    // pollfd, and the count passed is 1; a zero timeout never blocks.
-    let ret = unsafe { libc::poll(poll, 1, 0) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(ret)
 }
 
 #[cfg(test)]

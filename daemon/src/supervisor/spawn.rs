@@ -147,13 +147,12 @@ async fn hand_over(child: &mut Child, frame: &[u8]) -> io::Result<()> {
 #[allow(unsafe_code)]
 fn new_session_on_exec(command: &mut Command) {
     // SAFETY: the hook runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed. It calls setsid(2), which is
-    // one, and builds an `io::Error` from errno, which does not allocate.
+    // async-signal-safe calls are allowed. rustix's setsid is the bare
+    // setsid(2) system call, which is one, and an `io::Error` made from
+    // its errno does not allocate.
     unsafe {
         command.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(io::Error::last_os_error());
-            }
+            rustix::process::setsid()?;
             Ok(())
         });
     }
