@@ -92,6 +92,19 @@ pub enum Error {
     #[error("{0}")]
     InvalidRequest(String),
 
+    /// One item of an answer (a stream with its consumers, an execution)
+    /// is larger than the maximum message size, so the answer cannot be
+    /// sent even in parts.
+    #[error(
+        "cannot answer: {what} takes {len} bytes, more than the maximum message \
+         size of {max} bytes (max_frame_len)"
+    )]
+    AnswerTooLarge {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+
     /// The daemon is shutting down and takes no new work.
     #[error("the daemon is shutting down")]
     ShuttingDown,
@@ -197,7 +210,8 @@ impl Error {
             Error::IllegalTransition { .. } => ErrorCode::INTERNAL,
             Error::InvalidRequest(_) => ErrorCode::INVALID_REQUEST,
             Error::ShuttingDown => ErrorCode::SHUTTING_DOWN,
-            Error::Protocol(tether_protocol::Error::FrameTooLarge { .. }) => {
+            Error::AnswerTooLarge { .. }
+            | Error::Protocol(tether_protocol::Error::FrameTooLarge { .. }) => {
                 ErrorCode::FRAME_TOO_LARGE
             }
             Error::Protocol(tether_protocol::Error::InvalidName { .. }) => {

@@ -230,6 +230,34 @@ pub fn encode_into<T: Serialize>(item: &T, dst: &mut BytesMut, max: usize) -> Re
     Ok(())
 }
 
+/// The length of `item`'s encoding, without its length prefix, worked out
+/// without writing it anywhere: for splitting an answer into messages that
+/// each fit the maximum.
+pub fn encoded_len<T: Serialize + ?Sized>(item: &T) -> Result<usize, Error> {
+    postcard::serialize_with_flavor(item, Count(0)).map_err(Error::Encode)
+}
+
+/// A postcard flavor that only counts the bytes.
+struct Count(usize);
+
+impl postcard::ser_flavors::Flavor for Count {
+    type Output = usize;
+
+    fn try_push(&mut self, _: u8) -> postcard::Result<()> {
+        self.0 += 1;
+        Ok(())
+    }
+
+    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        self.0 += bytes.len();
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<usize> {
+        Ok(self.0)
+    }
+}
+
 /// postcard's output straight into a `BytesMut`: a varint or a payload is
 /// one `extend_from_slice`, not a trip through `io::Write`.
 struct Append<'a>(&'a mut BytesMut);

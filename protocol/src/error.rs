@@ -46,6 +46,14 @@ pub enum Error {
         why: &'static str,
     },
 
+    /// A part of an answer sent in several messages was followed by a
+    /// message that does not continue it.
+    #[error("a {part} message was followed by {got}, not the rest of its answer")]
+    UnfinishedAnswer {
+        part: &'static str,
+        got: &'static str,
+    },
+
     /// The underlying byte stream failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),

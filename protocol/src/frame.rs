@@ -100,7 +100,9 @@ pub enum Request {
     /// frame through `through_seq`. Answered with [`Response::Acked`] once the
     /// ack is durable. Acks let the daemon compact.
     DurableAck(DurableAck),
-    /// Ask for one [`StreamInfo`] per stream.
+    /// Ask for one [`StreamInfo`] per stream. Answered with
+    /// [`Response::Streams`], after [`Response::StreamsPart`]s when the list
+    /// does not fit in one message.
     ListStreams,
     /// Ask for the daemon's [`StatusInfo`].
     Status,
@@ -108,7 +110,8 @@ pub enum Request {
     /// the execution is recorded durably (the worker starts right after).
     Run(RunSpec),
     /// List executions; without `all`, only those not yet ended. Answered
-    /// with [`Response::Executions`].
+    /// with [`Response::Executions`], after [`Response::ExecutionsPart`]s
+    /// when the list does not fit in one message.
     ListExecutions { all: bool },
     /// SIGTERM the execution's worker, SIGKILL it after `timeout_ms`; the
     /// execution ends `cancelled`. Answered with [`Response::Stopped`] once
@@ -125,10 +128,14 @@ pub enum Request {
     /// [`Response::CheckpointSaved`] once durable.
     CheckpointSave(CheckpointSave),
     /// Ask for the execution's newest valid checkpoint. Answered with
-    /// [`Response::Checkpoint`], or `Error` NOT_FOUND when there is none.
+    /// [`Response::Checkpoint`] (after [`Response::CheckpointPart`]s when
+    /// it does not fit in one message), or `Error` NOT_FOUND when there is
+    /// none.
     CheckpointLoad { execution: String },
     /// Ask for the checkpoints kept for an execution, newest first.
-    /// Answered with [`Response::Checkpoints`].
+    /// Answered with [`Response::Checkpoints`], after
+    /// [`Response::CheckpointsPart`]s when the list does not fit in one
+    /// message.
     CheckpointList { execution: String },
     /// Ask for the recorded result of durable step `step` of the execution.
     /// Answered with [`Response::StepResult`].
@@ -150,6 +157,11 @@ pub enum Request {
     /// `tetherd check` does with the daemon stopped. Answered with
     /// [`Response::Verified`], or `Error` STORAGE naming the damage.
     Verify,
+    /// A leading piece of the data of the [`Request::CheckpointSave`] that
+    /// follows on this session, for a checkpoint too large for one message:
+    /// the daemon joins the pieces, in order, in front of the save's own
+    /// `data`. Not answered; the save is.
+    CheckpointSavePart(Bytes),
 }
 
 /// A top-level message of the protocol: an enum whose variant index is the
@@ -165,12 +177,12 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 19;
+    const KINDS: u32 = 20;
 }
 
 impl Message for Response {
     const NAME: &'static str = "response";
-    const KINDS: u32 = 23;
+    const KINDS: u32 = 27;
 }
 
 impl Request {
@@ -200,6 +212,7 @@ impl Request {
             Request::StepPut { .. } => "StepPut",
             Request::Storage => "Storage",
             Request::Verify => "Verify",
+            Request::CheckpointSavePart(_) => "CheckpointSavePart",
         }
     }
 }
@@ -385,6 +398,21 @@ pub enum Response {
     /// Answer to [`Request::Verify`]: the store is whole; a one-line
     /// summary (streams, frames, bytes).
     Verified(String),
+    /// A leading part of the answer to [`Request::ListStreams`], sent when
+    /// the list does not fit in one message. More parts follow, then
+    /// [`Response::Streams`] with the rest; the client joins them in order.
+    /// The other lists are split the same way.
+    StreamsPart(Vec<StreamInfo>),
+    /// A leading part of the answer to [`Request::ListExecutions`]; see
+    /// [`Response::StreamsPart`].
+    ExecutionsPart(Vec<ExecutionInfo>),
+    /// A leading part of the answer to [`Request::CheckpointList`]; see
+    /// [`Response::StreamsPart`].
+    CheckpointsPart(Vec<CheckpointMeta>),
+    /// A leading piece of the data of the [`Response::Checkpoint`] that
+    /// follows, for a checkpoint too large for one message. The final
+    /// `Checkpoint` carries the metadata and the last piece.
+    CheckpointPart(Bytes),
 }
 
 impl Response {
@@ -419,6 +447,10 @@ impl Response {
             Response::StepRecorded(_) => "StepRecorded",
             Response::Storage(_) => "Storage",
             Response::Verified(_) => "Verified",
+            Response::StreamsPart(_) => "StreamsPart",
+            Response::ExecutionsPart(_) => "ExecutionsPart",
+            Response::CheckpointsPart(_) => "CheckpointsPart",
+            Response::CheckpointPart(_) => "CheckpointPart",
         }
     }
 }

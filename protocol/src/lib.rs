@@ -6,6 +6,7 @@
 //! * [`codec`] is the framing: a big-endian `u32` length prefix followed by a
 //!   postcard-encoded message. The maximum frame length is checked before any
 //!   buffer is grown for the frame, so a hostile length prefix costs nothing.
+//! * [`parts`] joins an answer that came in several messages.
 //! * [`error`] is the crate's one error type.
 //!
 //! Postcard is not self-describing: the order of enum variants and struct
@@ -15,6 +16,7 @@
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod parts;
 pub mod paths;
 pub mod time;
 
@@ -28,6 +30,18 @@ pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Default upper bound on one encoded message (length prefix excluded).
 pub const DEFAULT_MAX_FRAME_LEN: usize = 16 * 1024 * 1024;
+
+/// Room a message keeps around a frame's payload: a payload may use the
+/// maximum message size less this, so that any message carrying it (an
+/// `Append`, with two names of [`MAX_NAME_LEN`] bytes; a `Durable` or `Live`
+/// frame delivered to a reader) fits in that maximum too.
+pub const FRAME_ENVELOPE: usize = 1024;
+
+/// The largest payload a frame may carry under a maximum message size of
+/// `max_frame_len` bytes (see [`FRAME_ENVELOPE`]).
+pub fn max_payload_len(max_frame_len: usize) -> usize {
+    max_frame_len.saturating_sub(FRAME_ENVELOPE)
+}
 
 /// Longest accepted stream, producer or consumer name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;

@@ -184,6 +184,10 @@ fn request_fixtures() -> Vec<(Request, &'static str)> {
         ),
         (Request::Storage, "00000001 11"),
         (Request::Verify, "00000001 12"),
+        (
+            Request::CheckpointSavePart(Bytes::from_static(b"{}")),
+            "00000004 13 027b7d",
+        ),
     ]
 }
 
@@ -390,6 +394,23 @@ fn response_fixtures() -> Vec<(Response, &'static str)> {
             "00000002 1500",
         ),
         (Response::Verified("ok".into()), "00000004 16026f6b"),
+        (
+            Response::StreamsPart(vec![StreamInfo {
+                name: "a".into(),
+                first_seq: 1,
+                last_seq: 0,
+                frames: 0,
+                bytes: 0,
+                consumers: vec![],
+            }]),
+            "00000009 17 01 0161 01 00 00 00 00",
+        ),
+        (Response::ExecutionsPart(vec![]), "00000002 18 00"),
+        (Response::CheckpointsPart(vec![]), "00000002 19 00"),
+        (
+            Response::CheckpointPart(Bytes::from_static(b"{}")),
+            "00000004 1a 027b7d",
+        ),
     ]
 }
 
@@ -417,10 +438,11 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::StepPut { .. } => "StepPut",
         Request::Storage => "Storage",
         Request::Verify => "Verify",
+        Request::CheckpointSavePart(_) => "CheckpointSavePart",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 19] = [
+const ALL_REQUEST_VARIANTS: [&str; 20] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -440,6 +462,7 @@ const ALL_REQUEST_VARIANTS: [&str; 19] = [
     "StepPut",
     "Storage",
     "Verify",
+    "CheckpointSavePart",
 ];
 
 /// See [`request_variant`].
@@ -468,10 +491,14 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::StepRecorded(_) => "StepRecorded",
         Response::Storage(_) => "Storage",
         Response::Verified(_) => "Verified",
+        Response::StreamsPart(_) => "StreamsPart",
+        Response::ExecutionsPart(_) => "ExecutionsPart",
+        Response::CheckpointsPart(_) => "CheckpointsPart",
+        Response::CheckpointPart(_) => "CheckpointPart",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 23] = [
+const ALL_RESPONSE_VARIANTS: [&str; 27] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -495,6 +522,10 @@ const ALL_RESPONSE_VARIANTS: [&str; 23] = [
     "StepRecorded",
     "Storage",
     "Verified",
+    "StreamsPart",
+    "ExecutionsPart",
+    "CheckpointsPart",
+    "CheckpointPart",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tether_protocol::{
-    validate_name, Appended, DurableAck, ErrorCode, Request, Response, ShimHello, StatusInfo,
-    StorageFault, StorageState, WorkerExited, PROTOCOL_VERSION,
+    max_payload_len, validate_name, Appended, DurableAck, ErrorCode, Request, Response, ShimHello,
+    StatusInfo, StorageFault, StorageState, WorkerExited, FRAME_ENVELOPE, PROTOCOL_VERSION,
 };
 
-use super::{Refusal, Session};
+use super::{parts, Refusal, Session};
 use crate::access;
 use crate::engine::{AppendOutcome, AWAKE_FOR};
 use crate::ingest::IngestAppend;
@@ -104,6 +104,7 @@ impl Session {
 
     pub(super) async fn start_appends(&mut self, batch: Vec<IngestAppend>) -> Result<(), Refusal> {
         self.authorize_appends(&batch)?;
+        check_payloads(&batch, self.max_frame_len())?;
         let lone = batch.len() == 1 && self.pending.is_empty();
         self.awaiting_lone = (lone && self.lone_streak).then(Instant::now);
         self.lone_streak = lone;
@@ -150,7 +151,8 @@ impl Session {
             Request::DurableResume(resume) => self.resume_subscription(resume).await,
             Request::ListStreams => {
                 let streams = self.shared.queue.list_streams().await?;
-                self.send_all(vec![Response::Streams(streams)]).await
+                self.send_all(parts::streams(streams, self.max_frame_len())?)
+                    .await
             }
             Request::Status => {
                 let status = self.status();
@@ -183,7 +185,8 @@ impl Session {
             }
             Request::ListExecutions { all } => {
                 let executions = self.shared.supervisor.list(all);
-                self.send_all(vec![Response::Executions(executions)]).await
+                self.send_all(parts::executions(executions, self.max_frame_len())?)
+                    .await
             }
             Request::Stop {
                 execution,
@@ -191,8 +194,13 @@ impl Session {
             } => self.stop(&execution, timeout_ms).await,
             Request::ShimHello(hello) => self.shim_hello(hello).await,
             Request::WorkerExited(exited) => self.worker_exited(exited).await,
-            Request::CheckpointSave(save) => {
+            Request::CheckpointSavePart(piece) => self.gather_checkpoint(&piece),
+            Request::CheckpointSave(mut save) => {
                 validate_name("execution", &save.execution)?;
+                if !self.checkpoint_parts.is_empty() {
+                    self.gather_checkpoint(&save.data)?;
+                    save.data = std::mem::take(&mut self.checkpoint_parts).freeze();
+                }
                 let meta = self.shared.queue.save_checkpoint(save).await?;
                 self.send_all(vec![Response::CheckpointSaved(meta)]).await
             }
@@ -200,7 +208,8 @@ impl Session {
             Request::CheckpointList { execution } => {
                 validate_name("execution", &execution)?;
                 let list = self.shared.queue.list_checkpoints(&execution).await?;
-                self.send_all(vec![Response::Checkpoints(list)]).await
+                self.send_all(parts::checkpoints(list, self.max_frame_len())?)
+                    .await
             }
             Request::StepGet { execution, step } => {
                 validate_name("execution", &execution)?;
@@ -227,12 +236,28 @@ impl Session {
         }
     }
 
+    /// Keeps a leading piece of the next checkpoint saved on this session.
+    /// What is kept is bounded by the checkpoint size limit, checked as the
+    /// pieces arrive rather than once they are all here.
+    fn gather_checkpoint(&mut self, piece: &[u8]) -> Result<(), Refusal> {
+        let limit = self.shared.config.max_checkpoint_bytes;
+        let size = self.checkpoint_parts.len() + piece.len();
+        if size > limit {
+            return Err(crate::checkpoint::too_large("checkpoint", size, limit).into());
+        }
+        self.checkpoint_parts.extend_from_slice(piece);
+        Ok(())
+    }
+
     /// The newest valid checkpoint; having none is `NOT_FOUND`, which the
     /// client reports as "no checkpoint" (exit 3).
     async fn load_checkpoint(&mut self, execution: &str) -> Result<(), Refusal> {
         validate_name("execution", execution)?;
         match self.shared.queue.load_checkpoint(execution).await? {
-            Some(checkpoint) => self.send_all(vec![Response::Checkpoint(checkpoint)]).await,
+            Some(checkpoint) => {
+                self.send_all(parts::checkpoint(checkpoint, self.max_frame_len())?)
+                    .await
+            }
             None => Err(Refusal::new(
                 ErrorCode::NOT_FOUND,
                 format!("execution {execution} has no valid checkpoint"),
@@ -331,6 +356,25 @@ fn coalesce_acks(outcomes: Vec<AppendOutcome>) -> Vec<Response> {
             })
         })
         .collect()
+}
+
+/// Refuses a payload over the maximum message size less the envelope: a
+/// frame stored is one a reader can be sent, in one message, whatever the
+/// names that came with it (see [`tether_protocol::FRAME_ENVELOPE`]).
+fn check_payloads(batch: &[IngestAppend], max_frame_len: usize) -> Result<(), Refusal> {
+    let max = max_payload_len(max_frame_len);
+    match batch.iter().find(|a| a.payload.len() > max) {
+        None => Ok(()),
+        Some(append) => Err(Refusal::new(
+            ErrorCode::FRAME_TOO_LARGE,
+            format!(
+                "a payload of {} bytes for stream {:?} exceeds the limit of {max} bytes \
+                 (the maximum message size less {FRAME_ENVELOPE} bytes)",
+                append.payload.len(),
+                &*append.stream,
+            ),
+        )),
+    }
 }
 
 /// What a control request acts on, for its log line.

@@ -6,6 +6,7 @@
 //! * `dispatch`: each request authorized, then served or pipelined.
 //! * `subscribe`: the session's subscription, streamed to the socket.
 //! * `write`: answers and error frames, written to the socket.
+//! * `parts`: answers too large for one message, split into several.
 //!
 //! Appends and acks are pipelined: each becomes a future in an ordered set,
 //! so the session keeps reading while earlier commits are in flight and
@@ -14,6 +15,7 @@
 //! the pipeline drain, which keeps every answer in order without bookkeeping.
 
 mod dispatch;
+mod parts;
 mod read;
 mod subscribe;
 mod write;
@@ -24,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::BytesMut;
 use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
 use tether_protocol::{
@@ -119,7 +122,10 @@ pub async fn run(
 ) {
     shared.connections.fetch_add(1, Ordering::Relaxed);
     let (read_half, write_half) = stream.into_split();
-    let mut out = FramedWrite::new(write_half, ServerCodec::with_max_frame_len(usize::MAX));
+    let mut out = FramedWrite::new(
+        write_half,
+        ServerCodec::with_max_frame_len(shared.config.max_frame_len),
+    );
     // Frames are fed in bulk (a replay, a batch of live frames) and flushed
     // once: writes of up to this size take fewer syscalls than the default
     // 8 KiB, and the buffer only grows on a session that writes that much.
@@ -137,6 +143,7 @@ pub async fn run(
         logged_writes: false,
         lone_streak: false,
         awaiting_lone: None,
+        checkpoint_parts: BytesMut::new(),
     };
     match session.serve(read_half, &shutdown).await {
         Ok(Ending::ClientLeft) => {}
@@ -190,6 +197,9 @@ struct Session {
     /// When such a producer's append, now in flight, was submitted, if
     /// the session stays awake for its answer (see `Session::stays_awake`).
     awaiting_lone: Option<Instant>,
+    /// The leading pieces of a checkpoint too large for one message, for
+    /// the `CheckpointSave` that ends it (see `parts`).
+    checkpoint_parts: BytesMut,
 }
 
 impl Session {
