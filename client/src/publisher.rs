@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 use tether_protocol::codec::encode_into;
-use tether_protocol::{validate_name, Append, FrameKind, Request, Response};
+use tether_protocol::{max_payload_len, validate_name, Append, FrameKind, Request, Response};
 
 use crate::conn::{unexpected, Connection, Connector, Link};
 use crate::error::{Error, Result};
@@ -519,7 +519,8 @@ fn append(stream: &str, producer: &str, frame: &Unacked) -> Request {
 }
 
 /// The largest payload whose `Append` still fits in one frame, computed
-/// from the encoding of an empty one with the widest producer seq.
+/// from the encoding of an empty one with the widest producer seq, and
+/// that the daemon takes (see [`tether_protocol::FRAME_ENVELOPE`]).
 fn max_payload(stream: &str, producer: &str, connector: &Connector) -> Result<usize> {
     let mut buf = BytesMut::new();
     let empty = Unacked {
@@ -533,11 +534,14 @@ fn max_payload(stream: &str, producer: &str, connector: &Connector) -> Result<us
     // byte, so the kind does not change the overhead.
     let overhead = buf.len().saturating_sub(4 + 1) + MAX_LEN_VARINT;
     let max_frame = connector.options().max_frame_len;
-    max_frame.checked_sub(overhead).ok_or_else(|| {
+    let fits = max_frame.checked_sub(overhead).ok_or_else(|| {
         Error::Usage(format!(
             "a maximum frame length of {max_frame} bytes leaves no room for a payload"
         ))
-    })
+    })?;
+    // The daemon takes payloads of the maximum less a fixed envelope
+    // whatever the names, so that it can deliver each in one message.
+    Ok(fits.min(max_payload_len(max_frame)))
 }
 
 #[cfg(test)]
@@ -565,7 +569,8 @@ mod tests {
             payload: Bytes::from(vec![b'x'; max]),
         };
         encode_into(&append("s", "p", &big), &mut buf, 4096).unwrap();
-        assert!(max > 4000, "overhead should be small, max payload is {max}");
+        // What the daemon takes: the maximum less the fixed envelope.
+        assert_eq!(max, 4096 - tether_protocol::FRAME_ENVELOPE);
     }
 
     #[test]

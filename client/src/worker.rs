@@ -213,8 +213,15 @@ impl Worker {
     /// Saves raw bytes as the newest checkpoint, for workers with their own
     /// encoding.
     pub async fn save_bytes(&self, data: Bytes, schema_version: u32) -> Result<CheckpointMeta> {
-        let request = save_request(&self.execution, schema_version, data);
-        let response = self.call(&request).await?;
+        let request = save_request(&self.execution, schema_version, data.clone());
+        let response = match self.call(&request).await {
+            Err(e) if refused_as_too_large(&e) => {
+                let (leading, last) = save_requests_in_parts(&self.execution, schema_version, data);
+                let mut session = self.session.lock().await;
+                session.call_after(&leading, &last).await?
+            }
+            answer => answer?,
+        };
         Ok(saved(response)?)
     }
 
@@ -313,6 +320,16 @@ impl Session {
     }
 
     async fn call(&mut self, request: &Request) -> crate::Result<Response> {
+        self.call_after(&[], request).await
+    }
+
+    /// [`Session::call`], sending `leading` (requests the daemon does not
+    /// answer) first, on the same session.
+    async fn call_after(
+        &mut self,
+        leading: &[Request],
+        request: &Request,
+    ) -> crate::Result<Response> {
         if self.in_flight {
             self.link = Link::new(self.link.connector().clone());
             self.in_flight = false;
@@ -323,7 +340,7 @@ impl Session {
                 continue;
             };
             self.in_flight = true;
-            let outcome = conn.request(request).await;
+            let outcome = conn.request_after(leading, request).await;
             self.in_flight = false;
             match outcome {
                 Ok(response) => {
@@ -435,6 +452,34 @@ pub fn save_request(execution: &str, schema_version: u32, data: Bytes) -> Reques
         schema_version,
         data,
     })
+}
+
+/// The pieces a checkpoint's data is cut into when the daemon refused it
+/// whole, as larger than its maximum message size: small enough for the
+/// smallest maximum a daemon accepts (1 KiB) with the message around them.
+pub const SAVE_PIECE_LEN: usize = 960;
+
+/// The requests that save `data` in pieces, for a daemon whose maximum
+/// message size it exceeds: `CheckpointSavePart`s of [`SAVE_PIECE_LEN`]
+/// bytes, then the save with the last piece. They must go on one session.
+pub fn save_requests_in_parts(
+    execution: &str,
+    schema_version: u32,
+    mut data: Bytes,
+) -> (Vec<Request>, Request) {
+    let mut leading = Vec::with_capacity(data.len() / SAVE_PIECE_LEN);
+    while data.len() > SAVE_PIECE_LEN {
+        leading.push(Request::CheckpointSavePart(data.split_to(SAVE_PIECE_LEN)));
+    }
+    (leading, save_request(execution, schema_version, data))
+}
+
+/// Whether the daemon refused a request as larger than its maximum message
+/// size. A checkpoint save refused so is sent again in pieces: the client
+/// does not know the daemon's maximum, and at the defaults every
+/// checkpoint fits in one message.
+pub fn refused_as_too_large(e: &crate::Error) -> bool {
+    e.daemon_code() == Some(ErrorCode::FRAME_TOO_LARGE)
 }
 
 /// The request that loads the newest valid checkpoint of `execution`.

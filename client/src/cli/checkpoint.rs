@@ -20,10 +20,14 @@ use std::io::Read;
 use bytes::Bytes;
 use clap::{Args, Subcommand};
 use serde::Serialize;
+use tether::conn::{Connector, Link};
 use tether::time::Rfc3339;
-use tether::worker::{listed, load_request, loaded, save_request, saved, ENV_EXECUTION};
+use tether::worker::{
+    listed, load_request, loaded, refused_as_too_large, save_request, save_requests_in_parts,
+    saved, ENV_EXECUTION,
+};
 use tether::{Error, Result};
-use tether_protocol::{CheckpointMeta, Request};
+use tether_protocol::{CheckpointMeta, Request, Response};
 
 use super::{table, write_stdout, Context};
 
@@ -102,15 +106,40 @@ async fn save(ctx: &Context, execution: &str, schema_version: u32) -> Result<()>
     let data = read_stdin()?;
     // A save is retried on a new session if the answer is lost; at worst
     // the same data is then stored as two checkpoints.
-    let response = ctx
-        .connector("checkpoint save")
-        .request(&save_request(execution, schema_version, data))
-        .await?;
+    let connector = ctx.connector("checkpoint save");
+    let request = save_request(execution, schema_version, data.clone());
+    let response = match connector.request(&request).await {
+        Err(e) if refused_as_too_large(&e) => {
+            let (leading, last) = save_requests_in_parts(execution, schema_version, data);
+            save_in_parts(&connector, &leading, &last).await?
+        }
+        answer => answer?,
+    };
     let meta = saved(response)?;
     if ctx.json {
         write_stdout(json_line(&meta)?.as_bytes())?;
     }
     Ok(())
+}
+
+/// Sends a save in pieces on one session, again on a new one if the
+/// session is lost before the answer.
+async fn save_in_parts(
+    connector: &Connector,
+    leading: &[Request],
+    last: &Request,
+) -> Result<Response> {
+    let mut link = Link::new(connector.clone());
+    loop {
+        link.establish().await?;
+        let Some(conn) = link.connection() else {
+            continue;
+        };
+        match conn.request_after(leading, last).await {
+            Ok(response) => return Ok(response),
+            Err(e) => link.lose(e)?,
+        }
+    }
 }
 
 async fn load(ctx: &Context, execution: &str) -> Result<()> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use futures_util::{FutureExt, StreamExt};
 use tether_protocol::codec::encode_into;
+use tether_protocol::parts::Joiner;
 use tether_protocol::{ClientCodec, HelloOk, Request, Response};
 use tokio::io::AsyncWriteExt;
 use tokio_util::codec::FramedRead;
@@ -150,13 +151,35 @@ impl Connection {
         Some(self.accept(item))
     }
 
-    /// Sends `request` and waits for the next response.
+    /// Sends `request` and waits for its answer. An answer the daemon sent
+    /// in several messages (a long list, a large checkpoint) is returned
+    /// joined, as one (see [`tether_protocol::parts`]).
     pub async fn request(&mut self, request: &Request) -> Result<Response> {
-        self.queue(request)?;
-        if let Some(early) = self.flush_or_recv().await? {
-            return Ok(early);
+        self.request_after(&[], request).await
+    }
+
+    /// Sends `leading`, which the daemon does not answer, then `request`,
+    /// and waits for the answer to `request`, joined like
+    /// [`Connection::request`]'s.
+    pub async fn request_after(
+        &mut self,
+        leading: &[Request],
+        request: &Request,
+    ) -> Result<Response> {
+        for lead in leading {
+            self.queue(lead)?;
         }
-        self.recv().await
+        self.queue(request)?;
+        let mut joiner = Joiner::new();
+        loop {
+            let response = match self.flush_or_recv().await? {
+                Some(early) => early,
+                None => self.recv().await?,
+            };
+            if let Some(answer) = joiner.push(response)? {
+                return Ok(answer);
+            }
+        }
     }
 
     fn accept(
