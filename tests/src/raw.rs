@@ -11,6 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use tether_protocol::codec::{decode_message, encode_frame};
+use tether_protocol::parts::Joiner;
 use tether_protocol::{
     Capabilities, ErrorFrame, Hello, HelloOk, Request, Response, StatusInfo, StreamInfo,
     PROTOCOL_VERSION,
@@ -68,6 +69,22 @@ impl RawConn {
     /// sent.
     pub fn shutdown_write(&mut self) -> io::Result<()> {
         self.stream.shutdown(Shutdown::Write)
+    }
+
+    /// Reads one answer, joining one sent in several messages (a long
+    /// list) as the client does; `Ok(None)` when the daemon closed the
+    /// connection first.
+    pub fn recv_answer(&mut self) -> io::Result<Option<Response>> {
+        let mut joiner = Joiner::new();
+        while let Some(response) = self.recv()? {
+            let joined = joiner
+                .push(response)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            if joined.is_some() {
+                return Ok(joined);
+            }
+        }
+        Ok(None)
     }
 
     /// Reads one response; `Ok(None)` when the daemon closed the connection
@@ -184,7 +201,7 @@ pub fn list_streams(socket: &Path) -> io::Result<Vec<StreamInfo>> {
     let mut conn = RawConn::connect(socket)?;
     handshake(&mut conn)?;
     conn.send(&Request::ListStreams)?;
-    match conn.recv()? {
+    match conn.recv_answer()? {
         Some(Response::Streams(streams)) => Ok(streams),
         other => Err(unexpected("Streams", &other)),
     }

@@ -23,6 +23,7 @@ mod fault_degraded;
 mod fault_disk_full;
 mod fault_repair;
 mod fault_soak;
+mod large_answers;
 mod local_security;
 mod publish_tail;
 mod remote_access;
