@@ -14,7 +14,7 @@ use super::{Refusal, Session};
 use crate::ingest::{Incoming, IngestAppend, SessionReader};
 
 /// A client has this long to send its Hello.
-pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// A Hello is small; a longer first frame is refused without reading it.
 const MAX_HELLO_LEN: usize = 64 * 1024;
 /// Appends gathered into one batch from what is already buffered.

@@ -182,6 +182,9 @@ fn ten_thousand_connections_meet_a_clear_limit_and_the_daemon_keeps_serving() {
             Err(e) => panic!("connection {i} could not even connect: {e}"),
         };
         if open.len() < 200 {
+            // A session, not a silent connection, which the daemon would
+            // close after 5 s without a Hello, freeing its slot.
+            conn.hello(Capabilities::NONE);
             open.push(conn);
             continue;
         }
