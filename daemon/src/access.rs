@@ -11,19 +11,21 @@
 //! * anyone else is refused.
 //!
 //! Group membership is the peer's primary gid, or its user name listed as a
-//! member of the group in `/etc/group` (read at every connection, so a
-//! change of membership applies at once). Groups known only to other name
-//! services (LDAP) count through the primary gid alone.
+//! member of the group. Users and groups are looked up through the system's
+//! name services (NSS: `/etc/passwd` and `/etc/group`, LDAP, sssd, ...) at
+//! every connection, so a change of membership applies at once. Those
+//! lookups may wait on a network directory, so they run on a blocking
+//! thread, and never for root or the daemon's own user, whose connections
+//! are judged by uid alone.
 //!
 //! The socket's own mode and group (see [`crate::server::bind_with`]) decide
 //! who can connect at all; this is the second gate behind it.
 
 use std::fmt;
-use std::io;
-use std::os::fd::AsRawFd;
 
 use tether_protocol::Request;
 use tokio::net::UnixStream;
+use uzers::os::unix::GroupExt;
 
 /// The identity of the process at the other end of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,7 +45,7 @@ pub enum Access {
     Full,
     /// Reading only: members of the readers group.
     ReadOnly,
-    /// Nothing: the connection is refused after its Hello.
+    /// Nothing: the connection is refused at once, before its Hello.
     Denied,
 }
 
@@ -64,8 +66,18 @@ pub struct Peer {
     pub cred: Option<PeerCred>,
     /// What it may do.
     pub access: Access,
-    /// Its user name, for messages, when `/etc/passwd` knows it.
+    /// Its user name, for messages, when the name services know it
+    /// (looked up only for peers other than root and the owner).
     pub user: Option<String>,
+}
+
+/// A group as the name services describe it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupEntry {
+    /// Its gid.
+    pub gid: u32,
+    /// The users listed as its members (not those whose primary group it is).
+    pub members: Vec<String>,
 }
 
 impl fmt::Display for Peer {
@@ -87,41 +99,66 @@ impl Policy {
         }
     }
 
+    /// True for root and the daemon's own user: they may do everything,
+    /// and no connection limit per uid applies to them.
+    pub fn is_privileged(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.owner
+    }
+
     /// Reads the credentials of `stream`'s peer and judges them.
-    pub fn identify(&self, stream: &UnixStream) -> Peer {
-        match peer_cred(stream) {
-            Ok(cred) => {
-                let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-                let groups = std::fs::read_to_string("/etc/group").unwrap_or_default();
-                let user = user_name(&passwd, cred.uid);
-                let access = self.judge(&cred, user.as_deref(), &groups);
-                Peer {
-                    cred: Some(cred),
-                    access,
-                    user,
-                }
-            }
+    pub async fn identify(&self, stream: &UnixStream) -> Peer {
+        let cred = match stream.peer_cred() {
+            Ok(cred) => PeerCred {
+                uid: cred.uid(),
+                gid: cred.gid(),
+                // Linux always reports the pid; 0 stands for unknown.
+                pid: cred.pid().unwrap_or(0),
+            },
             Err(e) => {
                 tracing::warn!("cannot read the credentials of a connecting peer: {e}");
-                Peer {
-                    cred: None,
-                    access: Access::Denied,
-                    user: None,
-                }
+                return Peer::unknown();
+            }
+        };
+        if self.is_privileged(cred.uid) {
+            return Peer {
+                cred: Some(cred),
+                access: Access::Full,
+                user: None,
+            };
+        }
+        let policy = self.clone();
+        match tokio::task::spawn_blocking(move || policy.look_up(cred)).await {
+            Ok(peer) => peer,
+            Err(e) => {
+                tracing::warn!("judging uid {} failed: {e}", cred.uid);
+                Peer::unknown()
             }
         }
     }
 
+    /// Judges `cred` with what the name services say of its user and of
+    /// the readers group. Blocks while they answer.
+    fn look_up(&self, cred: PeerCred) -> Peer {
+        let user = user_name(cred.uid);
+        let readers = self.readers.as_deref().and_then(group_entry);
+        let access = self.judge(&cred, user.as_deref(), readers.as_ref());
+        Peer {
+            cred: Some(cred),
+            access,
+            user,
+        }
+    }
+
     /// What a peer with `cred` (whose user name is `user`) may do, given
-    /// the contents of `/etc/group`.
-    pub fn judge(&self, cred: &PeerCred, user: Option<&str>, etc_group: &str) -> Access {
-        if cred.uid == 0 || cred.uid == self.owner {
+    /// the readers group's entry (`None` when it has none).
+    pub fn judge(&self, cred: &PeerCred, user: Option<&str>, entry: Option<&GroupEntry>) -> Access {
+        if self.is_privileged(cred.uid) {
             return Access::Full;
         }
         let Some(readers) = &self.readers else {
             return Access::Denied;
         };
-        if in_group(readers, cred.gid, user, etc_group) {
+        if in_group(readers, entry, cred.gid, user) {
             Access::ReadOnly
         } else {
             Access::Denied
@@ -143,6 +180,15 @@ impl Policy {
 }
 
 impl Peer {
+    /// A peer whose credentials could not be read: it is denied.
+    fn unknown() -> Self {
+        Peer {
+            cred: None,
+            access: Access::Denied,
+            user: None,
+        }
+    }
+
     /// `Ok` when this peer may send `request`; otherwise the sentence
     /// saying why not.
     pub fn permits(&self, request: &Request) -> Result<(), String> {
@@ -225,67 +271,36 @@ fn describe(request: &Request) -> String {
     }
 }
 
-/// True when `gid` is the group `group` (a name or a numeric gid), or
-/// `user` is listed as a member of it in `etc_group`.
-fn in_group(group: &str, gid: u32, user: Option<&str>, etc_group: &str) -> bool {
+/// True when `gid` is the group `group` (a name or a numeric gid, whose
+/// entry is `entry`), or `user` is listed as a member of it.
+fn in_group(group: &str, entry: Option<&GroupEntry>, gid: u32, user: Option<&str>) -> bool {
     if group.parse::<u32>() == Ok(gid) {
         return true;
     }
-    etc_group.lines().any(|line| {
-        let mut fields = line.split(':');
-        let (Some(name), Some(_), Some(id), members) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            return false;
-        };
-        let named = name == group || id == group;
-        let primary = id.parse::<u32>() == Ok(gid);
-        let listed = user.is_some_and(|user| {
-            members.is_some_and(|m| m.split(',').any(|member| member.trim() == user))
-        });
-        named && (primary || listed)
+    entry.is_some_and(|entry| {
+        entry.gid == gid || user.is_some_and(|user| entry.members.iter().any(|m| m == user))
     })
 }
 
-/// The name of `uid` in `etc_passwd`, if listed.
-fn user_name(etc_passwd: &str, uid: u32) -> Option<String> {
-    etc_passwd.lines().find_map(|line| {
-        let mut fields = line.split(':');
-        let name = fields.next()?;
-        let id = fields.nth(1)?.parse::<u32>().ok()?;
-        (id == uid).then(|| name.to_owned())
-    })
+/// The name of `uid`, if the name services know it.
+fn user_name(uid: u32) -> Option<String> {
+    uzers::get_user_by_uid(uid).map(|user| user.name().to_string_lossy().into_owned())
 }
 
-/// The credentials the kernel recorded when the peer connected.
-#[allow(unsafe_code)]
-pub fn peer_cred(stream: &UnixStream) -> io::Result<PeerCred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>())
-        .map_err(|_| io::Error::other("struct ucred does not fit in socklen_t"))?;
-    // SAFETY: the descriptor is open for the lifetime of `stream`, `cred`
-    // is a valid, writable `ucred`, and `len` holds its exact size, which
-    // is what SO_PEERCRED writes at most.
-    let ret = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            std::ptr::addr_of_mut!(cred).cast(),
-            &mut len,
-        )
-    };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(PeerCred {
-        uid: cred.uid,
-        gid: cred.gid,
-        pid: cred.pid,
+/// The entry of `group`, a name or a numeric gid, if the name services
+/// know it.
+pub fn group_entry(group: &str) -> Option<GroupEntry> {
+    let found = match group.parse::<u32>() {
+        Ok(gid) => uzers::get_group_by_gid(gid),
+        Err(_) => uzers::get_group_by_name(group),
+    }?;
+    Some(GroupEntry {
+        gid: found.gid(),
+        members: found
+            .members()
+            .iter()
+            .map(|m| m.to_string_lossy().into_owned())
+            .collect(),
     })
 }
 
@@ -296,7 +311,13 @@ mod tests {
     use super::*;
     use tether_protocol::{StartAt, Subscribe};
 
-    const GROUP: &str = "root:x:0:\nops:x:1500:alice,bob\nreaders:x:1600:carol\n";
+    /// The readers group as the name services would describe it.
+    fn readers() -> Option<GroupEntry> {
+        Some(GroupEntry {
+            gid: 1600,
+            members: vec!["carol".to_owned()],
+        })
+    }
 
     fn policy(readers: Option<&str>) -> Policy {
         Policy {
@@ -312,15 +333,15 @@ mod tests {
     #[test]
     fn the_owner_and_root_may_do_everything() {
         let p = policy(None);
-        assert_eq!(p.judge(&cred(1000, 1000), None, GROUP), Access::Full);
-        assert_eq!(p.judge(&cred(0, 0), Some("root"), GROUP), Access::Full);
+        assert_eq!(p.judge(&cred(1000, 1000), None, None), Access::Full);
+        assert_eq!(p.judge(&cred(0, 0), Some("root"), None), Access::Full);
     }
 
     #[test]
     fn without_a_readers_group_everyone_else_is_denied() {
         let p = policy(None);
         assert_eq!(
-            p.judge(&cred(1001, 1600), Some("carol"), GROUP),
+            p.judge(&cred(1001, 1600), Some("carol"), readers().as_ref()),
             Access::Denied
         );
     }
@@ -328,23 +349,34 @@ mod tests {
     #[test]
     fn readers_are_members_by_primary_gid_or_by_listing() {
         let p = policy(Some("readers"));
+        let entry = readers();
+        let entry = entry.as_ref();
         assert_eq!(
-            p.judge(&cred(1001, 1001), Some("carol"), GROUP),
+            p.judge(&cred(1001, 1001), Some("carol"), entry),
             Access::ReadOnly
         );
         assert_eq!(
-            p.judge(&cred(1002, 1600), Some("dave"), GROUP),
+            p.judge(&cred(1002, 1600), Some("dave"), entry),
             Access::ReadOnly
         );
         assert_eq!(
-            p.judge(&cred(1003, 1500), Some("alice"), GROUP),
+            p.judge(&cred(1003, 1500), Some("alice"), entry),
             Access::Denied
         );
+        // A numeric gid counts by primary gid even without an entry.
         let by_gid = policy(Some("1600"));
-        assert_eq!(by_gid.judge(&cred(1002, 1600), None, ""), Access::ReadOnly);
         assert_eq!(
-            by_gid.judge(&cred(1001, 1001), Some("carol"), GROUP),
+            by_gid.judge(&cred(1002, 1600), None, None),
             Access::ReadOnly
+        );
+        assert_eq!(
+            by_gid.judge(&cred(1001, 1001), Some("carol"), entry),
+            Access::ReadOnly
+        );
+        // A group the name services do not know has no members.
+        assert_eq!(
+            p.judge(&cred(1001, 1001), Some("carol"), None),
+            Access::Denied
         );
     }
 
@@ -352,7 +384,7 @@ mod tests {
     fn a_member_of_another_group_is_not_a_reader() {
         let p = policy(Some("readers"));
         assert_eq!(
-            p.judge(&cred(1004, 1004), Some("bob"), GROUP),
+            p.judge(&cred(1004, 1004), Some("bob"), readers().as_ref()),
             Access::Denied
         );
     }
@@ -408,17 +440,33 @@ mod tests {
     }
 
     #[test]
-    fn user_names_come_from_passwd() {
-        let passwd = "root:x:0:0:root:/root:/bin/bash\ncarol:x:1001:1001::/home/carol:/bin/sh\n";
-        assert_eq!(user_name(passwd, 1001).as_deref(), Some("carol"));
-        assert_eq!(user_name(passwd, 7), None);
+    fn names_come_from_the_name_services() {
+        // Every system knows root, and its group by both name and gid.
+        assert_eq!(user_name(0).as_deref(), Some("root"));
+        assert_eq!(group_entry("root").map(|g| g.gid), Some(0));
+        assert_eq!(group_entry("0").map(|g| g.gid), Some(0));
+        assert_eq!(group_entry("no-such-group-for-tether"), None);
     }
 
     #[tokio::test]
-    async fn peer_credentials_of_a_socket_pair_are_our_own() {
+    async fn the_peer_of_a_socket_pair_is_ourselves_with_full_access() {
         let (a, _b) = UnixStream::pair().unwrap();
-        let cred = peer_cred(&a).unwrap();
+        let me = Policy::for_this_process(None);
+        let peer = me.identify(&a).await;
+        let cred = peer.cred.unwrap();
         assert_eq!(cred.uid, tether_protocol::paths::current_uid());
         assert_eq!(cred.pid, i32::try_from(std::process::id()).unwrap());
+        assert_eq!(peer.access, Access::Full);
+    }
+
+    #[test]
+    fn other_peers_are_judged_through_the_name_services() {
+        // Nobody has this uid: no name, and no readers group to be in.
+        let stranger = cred(4_000_000_000, 4_000_000_000);
+        let peer = policy(None).look_up(stranger);
+        assert_eq!((peer.access, peer.user), (Access::Denied, None));
+        // The group "root" is found by name: gid 0 is in it.
+        let peer = policy(Some("root")).look_up(cred(4_000_000_000, 0));
+        assert_eq!(peer.access, Access::ReadOnly);
     }
 }

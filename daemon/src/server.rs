@@ -98,26 +98,17 @@ fn chown_group(path: &Path, gid: u32) -> Result<()> {
         .map_err(|e| Error::io(format!("cannot give {} the group {gid}", path.display()), e))
 }
 
-/// A group name or numeric gid as a gid. Names are looked up in
-/// `/etc/group`; groups known only to other name services need their gid.
+/// A group name or numeric gid as a gid. Names are looked up through the
+/// system's name services (`/etc/group`, LDAP, ...).
 fn resolve_group(group: &str) -> Result<u32> {
     if let Ok(gid) = group.parse::<u32>() {
         return Ok(gid);
     }
-    let groups = std::fs::read_to_string("/etc/group")
-        .map_err(|e| Error::io("cannot read /etc/group to find the socket group", e))?;
-    groups
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split(':');
-            let name = fields.next()?;
-            let gid = fields.nth(1)?.parse::<u32>().ok()?;
-            (name == group).then_some(gid)
-        })
-        .next()
+    uzers::get_group_by_name(group)
+        .map(|g| g.gid())
         .ok_or_else(|| {
             Error::Config(format!(
-                "socket.group: no group {group:?} in /etc/group (give its numeric gid instead)"
+                "socket.group: the system knows no group {group:?} (give its numeric gid instead)"
             ))
         })
 }
@@ -147,16 +138,9 @@ fn session_limit(configured: usize, fds: Option<u64>) -> usize {
     configured.min(fit)
 }
 
-/// The soft limit on open files (`RLIMIT_NOFILE`), if it can be read.
-#[allow(unsafe_code)]
+/// The soft limit on open files (`RLIMIT_NOFILE`); `None` when unlimited.
 fn open_file_limit() -> Option<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit(2) only writes into the struct we own.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    (rc == 0).then_some(limit.rlim_cur)
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
 /// Accepts connections until `shutdown` is cancelled, then waits (bounded)
@@ -186,9 +170,9 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: Cancel
                 let shutdown = shutdown.clone();
                 let policy = policy.clone();
                 tracker.spawn(async move {
-                    // Credentials are read off the accept loop: judging them
-                    // reads /etc/passwd and /etc/group.
-                    let peer = policy.identify(&stream);
+                    // Credentials are judged off the accept loop: that may
+                    // wait on the name services.
+                    let peer = policy.identify(&stream).await;
                     let peer = connection::Admission {
                         denial: (peer.access == Access::Denied).then(|| policy.denial(&peer)),
                         peer,
