@@ -50,6 +50,9 @@ pub struct Config {
     pub max_frame_len: usize,
     /// Connections served at once; one more is refused with an error frame.
     pub max_connections: usize,
+    /// Connections one uid other than root and the daemon's own may hold;
+    /// `None`: a quarter of `max_connections` (see [`crate::slots`]).
+    pub max_connections_per_uid: Option<usize>,
     pub retention: Retention,
     /// The shim program started for every worker attempt; `None` means
     /// `tether-shim` next to the daemon's own executable.
@@ -85,6 +88,7 @@ impl Config {
             state_dir,
             max_frame_len: tether_protocol::DEFAULT_MAX_FRAME_LEN,
             max_connections: 4096,
+            max_connections_per_uid: None,
             retention: Retention::default(),
             shim: None,
             checkpoint_keep: 10,

@@ -9,6 +9,7 @@
 //! Environment overrides: `TETHER_LOG`, `TETHER_MAX_FRAME_LEN`,
 //! `TETHER_MAX_CONNECTIONS`, `TETHER_SOCKET_MODE`, `TETHER_SOCKET_GROUP`,
 //! `TETHER_READERS_GROUP`,
+//! `TETHER_MAX_CONNECTIONS_PER_UID`,
 //! `TETHER_RETENTION_MAX_FRAMES`, `TETHER_RETENTION_MAX_BYTES`,
 //! `TETHER_RETENTION_MAX_AGE` (seconds), `TETHER_MAX_RESTARTS` and
 //! `TETHER_LOG_CAPACITY`.
@@ -112,6 +113,8 @@ pub struct FileConfig {
     pub max_frame_len: Option<u64>,
     /// Connections served at once.
     pub max_connections: Option<u64>,
+    /// Connections one uid other than root and the daemon's own may hold.
+    pub max_connections_per_uid: Option<u64>,
     /// The write-ahead log's size in bytes, for a store whose log does not
     /// go round yet.
     pub log_capacity: Option<u64>,
@@ -189,6 +192,9 @@ impl FileConfig {
         if let Some(n) = self.max_connections {
             check_connections("max_connections", n)?;
         }
+        if let Some(n) = self.max_connections_per_uid {
+            check_connections("max_connections_per_uid", n)?;
+        }
         if let Some(n) = self.log_capacity {
             check_log_capacity("log_capacity", n)?;
         }
@@ -216,6 +222,9 @@ impl Config {
         }
         if let Some(n) = file.max_connections {
             self.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = file.max_connections_per_uid {
+            self.max_connections_per_uid = Some(usize::try_from(n).unwrap_or(usize::MAX));
         }
         if let Some(n) = file.log_capacity {
             self.log_capacity = n;
@@ -261,6 +270,11 @@ impl Config {
             let n = number("TETHER_MAX_CONNECTIONS", &v)?;
             check_connections("TETHER_MAX_CONNECTIONS", n).map_err(bad)?;
             self.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = get("TETHER_MAX_CONNECTIONS_PER_UID") {
+            let n = number("TETHER_MAX_CONNECTIONS_PER_UID", &v)?;
+            check_connections("TETHER_MAX_CONNECTIONS_PER_UID", n).map_err(bad)?;
+            self.max_connections_per_uid = Some(usize::try_from(n).unwrap_or(usize::MAX));
         }
         if let Some(v) = get("TETHER_SOCKET_MODE") {
             let digits = v.trim_start_matches("0o");
@@ -323,6 +337,10 @@ impl Config {
         differs(
             "max_connections",
             self.max_connections != new.max_connections,
+        );
+        differs(
+            "max_connections_per_uid",
+            self.max_connections_per_uid != new.max_connections_per_uid,
         );
         differs("socket.mode", self.socket_mode != new.socket_mode);
         differs("socket.group", self.socket_group != new.socket_group);
@@ -454,6 +472,7 @@ mod tests {
             log_level = "debug"
             max_frame_len = 65536
             max_connections = 10
+            max_connections_per_uid = 2
             log_capacity = 1048576
             [socket]
             mode = 0o660
@@ -474,6 +493,7 @@ mod tests {
         assert_eq!(config.log_level, "debug");
         assert_eq!(config.max_frame_len, 65536);
         assert_eq!(config.max_connections, 10);
+        assert_eq!(config.max_connections_per_uid, Some(2));
         assert_eq!(config.socket_mode, 0o660);
         assert_eq!(config.socket_group.as_deref(), Some("tether"));
         assert_eq!(config.readers_group.as_deref(), Some("tether-readers"));
@@ -507,6 +527,10 @@ mod tests {
     fn bad_values_are_named() {
         let err = parse("max_connections = 0\n").unwrap_err().to_string();
         assert!(err.contains("max_connections"), "{err}");
+        let err = parse("max_connections_per_uid = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_connections_per_uid"), "{err}");
         let err = parse("[socket]\nmode = 660\n").unwrap_err().to_string();
         assert!(err.contains("socket.mode"), "{err}");
         let err = parse("log_capacity = 4096\n").unwrap_err().to_string();
@@ -528,6 +552,7 @@ mod tests {
             ("TETHER_RETENTION_MAX_FRAMES", "7"),
             ("TETHER_SOCKET_MODE", "0660"),
             ("TETHER_MAX_RESTARTS", "3"),
+            ("TETHER_MAX_CONNECTIONS_PER_UID", "5"),
         ]);
         let mut config = base();
         config
@@ -539,6 +564,7 @@ mod tests {
         assert_eq!(config.retention.max_frames, Some(7));
         assert_eq!(config.socket_mode, 0o660);
         assert_eq!(config.default_max_restarts, Some(3));
+        assert_eq!(config.max_connections_per_uid, Some(5));
 
         let var = env_of(&[("TETHER_RETENTION_MAX_BYTES", "lots")]);
         let err = base()
