@@ -16,7 +16,8 @@
 //!   of batches, switching between store reads and live batches.
 //! * [`server`] accepts connections; [`access`] judges each peer's
 //!   credentials (owner and root, read-only readers group, or refused);
-//!   [`connection`] runs one client's session.
+//!   [`slots`] shares out the connection limit; [`connection`] runs one
+//!   client's session.
 //! * [`supervisor`] runs workers through per-attempt shims: manifests, the
 //!   execution state machine, restart policy, process identity and pidfds,
 //!   recovery of live shims after a restart.
@@ -43,6 +44,7 @@ pub mod lock;
 pub mod notify;
 pub mod server;
 pub mod shutdown;
+pub mod slots;
 pub mod store;
 pub mod store_io;
 pub mod subscription;

@@ -1,5 +1,8 @@
-//! The listening socket: binding it safely, accepting, judging each peer's
-//! credentials (see [`crate::access`]), and the connection limit.
+//! The listening socket: binding it safely, accepting, and admitting each
+//! connection: its peer's credentials judged (see [`crate::access`]), then
+//! a slot taken (see [`crate::slots`]). A peer that is refused, or that
+//! finds no slot, is answered at once with the reason and closed, without
+//! its Hello being read.
 
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -9,14 +12,15 @@ use std::time::Duration;
 
 use futures_util::SinkExt;
 use tether_protocol::{ErrorCode, ErrorFrame, Response, ServerCodec};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
 use tokio_util::codec::FramedWrite;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::access::{Access, Policy};
 use crate::connection::{self, Shared};
+use crate::slots::{Limits, Slots};
 use crate::{Error, Result};
 
 /// How long shutdown waits for connections to finish their in-flight work
@@ -143,11 +147,15 @@ fn open_file_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
+/// How long a refusal may take to write. A new connection's send buffer
+/// is empty, so the frame goes at once; this only bounds the unexpected.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Accepts connections until `shutdown` is cancelled, then waits (bounded)
 /// for the running sessions to finish what they have in flight.
 pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: CancellationToken) {
     let max = session_limit(shared.config.max_connections, open_file_limit());
-    let limit = Arc::new(Semaphore::new(max));
+    let slots = Slots::new(Limits::new(max, shared.config.max_connections_per_uid));
     let policy = Policy::for_this_process(shared.config.readers_group.clone());
     let tracker = TaskTracker::new();
     loop {
@@ -164,27 +172,15 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: Cancel
                 continue;
             }
         };
-        match limit.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let shared = shared.clone();
-                let shutdown = shutdown.clone();
-                let policy = policy.clone();
-                tracker.spawn(async move {
-                    // Credentials are judged off the accept loop: that may
-                    // wait on the name services.
-                    let peer = policy.identify(&stream).await;
-                    let peer = connection::Admission {
-                        denial: (peer.access == Access::Denied).then(|| policy.denial(&peer)),
-                        peer,
-                    };
-                    connection::run(stream, shared, shutdown, peer).await;
-                    drop(permit);
-                });
-            }
-            Err(_) => {
-                tracker.spawn(refuse(stream, max));
-            }
-        }
+        // Admission runs off the accept loop: judging a peer may wait on
+        // the name services.
+        tracker.spawn(admit(
+            stream,
+            shared.clone(),
+            shutdown.clone(),
+            policy.clone(),
+            slots.clone(),
+        ));
     }
     drop(listener);
     tracker.close();
@@ -199,14 +195,45 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: Cancel
     }
 }
 
-/// Tells a client over the connection limit why it is being turned away.
-async fn refuse(stream: UnixStream, max: usize) {
+/// Judges a new connection's peer, takes a slot for it and serves its
+/// session; or refuses it at once, holding no slot.
+async fn admit(
+    stream: UnixStream,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    policy: Policy,
+    slots: Arc<Slots>,
+) {
+    let peer = policy.identify(&stream).await;
+    if peer.access == Access::Denied {
+        let denial = policy.denial(&peer);
+        tracing::warn!(code = %ErrorCode::PERMISSION_DENIED, "refusing connection: {denial}");
+        refuse(stream, ErrorCode::PERMISSION_DENIED, denial).await;
+        return;
+    }
+    let slot = match slots.take(peer.uid(), policy.is_privileged(peer.uid())) {
+        Ok(slot) => slot,
+        Err(full) => {
+            let why = full.describe(&peer);
+            tracing::debug!(code = %ErrorCode::TOO_MANY_CONNECTIONS, "refusing connection: {why}");
+            refuse(stream, ErrorCode::TOO_MANY_CONNECTIONS, why).await;
+            return;
+        }
+    };
+    let admission = connection::Admission { peer, denial: None };
+    connection::run(stream, shared, shutdown, admission).await;
+    drop(slot);
+}
+
+/// Tells a client why it is turned away, then closes the connection: the
+/// write side first, so that the client reads the end of the stream after
+/// the frame.
+async fn refuse(stream: UnixStream, code: ErrorCode, message: String) {
     let mut out = FramedWrite::new(stream, ServerCodec::new());
-    let refusal = Response::Error(ErrorFrame {
-        code: ErrorCode::TOO_MANY_CONNECTIONS,
-        message: format!("the daemon is serving its maximum of {max} connections; try again later"),
-    });
-    let _ = tokio::time::timeout(Duration::from_secs(1), out.send(refusal)).await;
+    let refusal = Response::Error(ErrorFrame { code, message });
+    if let Ok(Ok(())) = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, out.send(refusal)).await {
+        let _ = out.get_mut().shutdown().await;
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ mod fault_repair;
 mod fault_soak;
 mod large_answers;
 mod local_security;
+mod local_security_admission;
 mod publish_tail;
 mod remote_access;
 mod remote_ssh;
