@@ -1,6 +1,7 @@
 //! The protocol crate's error type.
 
-/// Everything that can go wrong while framing or parsing a message.
+/// Everything that can go wrong while framing or parsing a message, or
+/// when judging a socket's directory.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The length prefix announced a frame larger than the configured limit.
@@ -52,6 +53,14 @@ pub enum Error {
     UnfinishedAnswer {
         part: &'static str,
         got: &'static str,
+    },
+
+    /// A socket's directory that must not be used: another user could
+    /// put a socket in it (see [`crate::socket_dir`]).
+    #[error("refusing socket directory {}: {why}", dir.display())]
+    UnsafeSocketDir {
+        dir: std::path::PathBuf,
+        why: String,
     },
 
     /// The underlying byte stream failed.

@@ -8,6 +8,9 @@
 //!   buffer is grown for the frame, so a hostile length prefix costs nothing.
 //! * [`parts`] joins an answer that came in several messages.
 //! * [`error`] is the crate's one error type.
+//! * [`paths`] and [`socket_dir`]: where the socket is, and whether its
+//!   directory can be trusted; shared by both binaries. The only code of
+//!   this crate that looks at the file system.
 //!
 //! Postcard is not self-describing: the order of enum variants and struct
 //! fields *is* the wire format. The golden-byte tests in `tests/golden.rs`
@@ -18,6 +21,7 @@ pub mod error;
 pub mod frame;
 pub mod parts;
 pub mod paths;
+pub mod socket_dir;
 pub mod time;
 
 pub use codec::{ClientCodec, Codec, ServerCodec};

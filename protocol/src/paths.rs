@@ -60,10 +60,30 @@ pub fn default_socket(env: Env<'_>) -> PathBuf {
     if env.uid == 0 {
         return PathBuf::from("/run/tether/tether.sock");
     }
-    if let Some(dir) = env.get("XDG_RUNTIME_DIR") {
-        return PathBuf::from(dir).join("tether").join("tether.sock");
+    if let Some(dir) = xdg_socket_dir(env) {
+        return dir.join("tether.sock");
     }
-    PathBuf::from(format!("/tmp/tether-{}", env.uid)).join("tether.sock")
+    tmp_socket_dir(env.uid).join("tether.sock")
+}
+
+/// The default socket directories that live where other users could have
+/// made them first: `$XDG_RUNTIME_DIR/tether` (when set) and
+/// `/tmp/tether-$UID`. Such a directory must belong to the user (see
+/// [`crate::socket_dir`]).
+pub fn user_socket_dirs(env: Env<'_>) -> Vec<PathBuf> {
+    xdg_socket_dir(env)
+        .into_iter()
+        .chain([tmp_socket_dir(env.uid)])
+        .collect()
+}
+
+fn xdg_socket_dir(env: Env<'_>) -> Option<PathBuf> {
+    env.get("XDG_RUNTIME_DIR")
+        .map(|dir| PathBuf::from(dir).join("tether"))
+}
+
+fn tmp_socket_dir(uid: u32) -> PathBuf {
+    PathBuf::from(format!("/tmp/tether-{uid}"))
 }
 
 /// State: `$TETHER_STATE_DIR`, else `$STATE_DIRECTORY`, else
