@@ -201,6 +201,7 @@ fn listen(
             &config.socket,
             config.socket_mode,
             config.socket_group.as_deref(),
+            config.readers_group.as_deref(),
         );
     };
     let listener = activated.listener;

@@ -27,32 +27,51 @@ use crate::{Error, Result};
 /// before it stops waiting (the store is closed cleanly either way).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Binds the daemon's socket at `path`, creating its parent directory
-/// (0700) when missing. A socket file left by a dead daemon is replaced;
-/// one that a live daemon still accepts on is an error, because the caller
-/// holds only its own state directory's lock, not the socket's. Then sets
-/// the socket's permission bits and group. When the mode lets
-/// the group in, a parent directory created here lets it through as well
-/// (0710), and gets the group too.
-pub fn bind_with(path: &Path, mode: u32, group: Option<&str>) -> Result<UnixListener> {
-    let gid = group.map(resolve_group).transpose()?;
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let group_may_enter = mode & 0o060 != 0;
-        let dir_mode = if group_may_enter { 0o710 } else { 0o700 };
-        let existed = parent.exists();
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(dir_mode)
-            .create(parent)
-            .map_err(|e| {
-                Error::io(
-                    format!("cannot create socket directory {}", parent.display()),
-                    e,
-                )
-            })?;
-        if let (false, true, Some(gid)) = (existed, group_may_enter, gid) {
-            chown_group(parent, gid)?;
-        }
+/// Binds the daemon's socket at `path`.
+///
+/// The socket's directory is created when missing, with each directory
+/// made here 0700, or 0750 with the group the socket is shared with (the
+/// readers' group, or `group`) when the socket lets a group in. An
+/// existing directory is never chmodded. Then the directory is judged
+/// ([`tether_protocol::socket_dir`]): one that others could write to, or a
+/// default one in a shared place that another user made, is refused.
+///
+/// A socket file left by a dead daemon is replaced; one that a live daemon
+/// still accepts on is an error, because the caller holds only its own
+/// state directory's lock, not the socket's. Then the socket gets `mode`
+/// (with the group's read and write added when `readers` is set, since
+/// readers could not connect otherwise) and the group: `group`, else the
+/// readers' group.
+pub fn bind_with(
+    path: &Path,
+    mode: u32,
+    group: Option<&str>,
+    readers: Option<&str>,
+) -> Result<UnixListener> {
+    let mode = if readers.is_some() {
+        mode | 0o060
+    } else {
+        mode
+    };
+    let gid = group.or(readers).map(resolve_group).transpose()?;
+    let shared_gid = gid.filter(|_| mode & 0o060 != 0);
+    let dir = tether_protocol::socket_dir::socket_dir(path);
+    create_socket_dirs(dir, shared_gid)?;
+    let checked =
+        tether_protocol::paths::from_process(|env| tether_protocol::socket_dir::check(path, env))
+            .map_err(|e| match e {
+            tether_protocol::Error::Io(e) => Error::io(
+                format!("cannot look at socket directory {}", dir.display()),
+                e,
+            ),
+            refused => Error::Protocol(refused),
+        })?;
+    if checked.is_none() {
+        return Err(Error::Config(format!(
+            "socket directory {} does not exist and could not be made \
+             (a symbolic link to nowhere?)",
+            dir.display()
+        )));
     }
     // Only a socket is ever replaced: `--socket` naming any other file
     // is a mistake, and removing that file would lose it.
@@ -94,6 +113,41 @@ pub fn bind_with(path: &Path, mode: u32, group: Option<&str>) -> Result<UnixList
         chown_group(path, gid)?;
     }
     Ok(listener)
+}
+
+/// Creates `dir` and its missing parents, one at a time, so that exactly
+/// the directories made here get their mode: 0700, or 0750 with the group
+/// `shared_gid`. A directory that exists (even one another process made a
+/// moment ago) is left as it is, for the check after this to judge.
+fn create_socket_dirs(dir: &Path, shared_gid: Option<u32>) -> Result<()> {
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .collect();
+    let mode = if shared_gid.is_some() { 0o750 } else { 0o700 };
+    for d in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(mode).create(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(Error::io(
+                    format!("cannot create socket directory {}", d.display()),
+                    e,
+                ))
+            }
+        }
+        // The umask may have taken bits away; the mode is the contract's.
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).map_err(|e| {
+            Error::io(
+                format!("cannot set mode of socket directory {}", d.display()),
+                e,
+            )
+        })?;
+        if let Some(gid) = shared_gid {
+            chown_group(d, gid)?;
+        }
+    }
+    Ok(())
 }
 
 /// Gives `path` the group `gid`, keeping its owner.
