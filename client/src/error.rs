@@ -52,6 +52,16 @@ pub enum Error {
         message: String,
     },
 
+    /// The socket's directory, or the process listening on the socket, is
+    /// not one this user can trust; nothing was sent to it.
+    #[error("{0}")]
+    Untrusted(String),
+
+    /// Connecting failed for a reason that retrying will not cure
+    /// (permission denied).
+    #[error("cannot connect to {endpoint}: {reason}")]
+    CannotConnect { endpoint: String, reason: String },
+
     /// A socket operation failed; the session is lost.
     #[error("connection to {endpoint} failed: {source}")]
     Io {
@@ -159,6 +169,16 @@ impl Error {
         )
     }
 
+    /// True when the daemon is not there: no socket, or nobody accepting
+    /// on it. The failure a first-time user meets when no daemon runs.
+    pub fn is_no_daemon(&self) -> bool {
+        matches!(
+            self,
+            Error::Io { source, .. }
+                if matches!(source.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused)
+        )
+    }
+
     /// The daemon's error code, when the daemon refused something (also
     /// when that refusal lasted until the retry window ran out).
     pub fn daemon_code(&self) -> Option<ErrorCode> {
@@ -171,7 +191,7 @@ impl Error {
 }
 
 /// A duration as people write it: `200ms`, `30s`, `2m5s`.
-pub(crate) fn humanize(d: Duration) -> String {
+pub fn humanize(d: Duration) -> String {
     let ms = d.as_millis();
     if ms < 1000 {
         return format!("{ms}ms");

@@ -4,7 +4,9 @@
 //! the daemon sees an ordinary local connection.
 //!
 //! The socket is retried with backoff within `--connect-timeout` (a daemon
-//! that is restarting comes back), then the bridge exits 4. Once connected,
+//! that is restarting comes back), then the bridge exits 4. A socket the
+//! local checks refuse (its directory, the process listening, permission
+//! denied) ends it at once with exit 1. Once connected,
 //! it copies both ways until the daemon closes the connection or stdin ends;
 //! at the end of stdin the socket's write side is shut down and answers
 //! still on their way are passed on for a short while.
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tether::backoff::Backoff;
+use tether::conn::connect_unix;
 use tether::{Error, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -41,19 +44,27 @@ pub async fn run(ctx: &Context) -> Result<()> {
     bridge(stream, path).await
 }
 
-/// Connects to the socket, retrying within `window`.
+/// Connects to the socket, retrying within `window` while there is no
+/// daemon. The same checks as every local session apply (see
+/// [`connect_unix`]); what they refuse, and permission denied, end the
+/// bridge at once.
 async fn connect(path: &Path, window: Duration) -> Result<UnixStream> {
     let started = Instant::now();
     let mut backoff = Backoff::default();
     loop {
-        match UnixStream::connect(path).await {
+        match connect_unix(path).await {
             Ok(stream) => return Ok(stream),
+            Err(e) if !e.is_transient() => return Err(e),
             Err(e) if started.elapsed() >= window => {
+                let last_error = match e {
+                    Error::Io { source, .. } => source.to_string(),
+                    other => other.to_string(),
+                };
                 return Err(Error::Unreachable {
                     endpoint: path.display().to_string(),
                     waited: window,
-                    last_error: e.to_string(),
-                })
+                    last_error,
+                });
             }
             Err(e) => {
                 tracing::debug!("cannot connect to {}: {e}", path.display());

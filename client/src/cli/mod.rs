@@ -31,11 +31,12 @@ pub mod tail;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use tether::conn::StorageFaultNotice;
-use tether::error::EXIT_OK;
+use tether::conn::{NoDaemonNotice, StorageFaultNotice};
+use tether::error::{humanize, EXIT_OK};
 use tether::{ConnectOptions, Connector, Endpoint, Error, Result};
 
 /// Talk to a tetherd: publish to streams, tail them, run supervised
@@ -142,10 +143,27 @@ impl Context {
                         "tether: {cause}; keeping unacknowledged data and retrying"
                     );
                 }),
+                on_no_daemon: NoDaemonNotice::new(|endpoint, window| {
+                    // One command may open several links; the hint is
+                    // printed once per process.
+                    static TOLD: AtomicBool = AtomicBool::new(false);
+                    if !TOLD.swap(true, Ordering::Relaxed) {
+                        let _ = writeln!(std::io::stderr(), "{}", no_daemon_hint(endpoint, window));
+                    }
+                }),
                 ..ConnectOptions::default()
             },
         )
     }
+}
+
+/// The line printed when the first attempt finds no daemon.
+fn no_daemon_hint(endpoint: &Endpoint, window: Duration) -> String {
+    format!(
+        "tether: no daemon at {endpoint} (retrying for {}; start one with 'tetherd' or \
+         'systemctl start tetherd')",
+        humanize(window)
+    )
 }
 
 /// Parses the command line, runs the command and returns its exit code.

@@ -62,6 +62,44 @@ pub struct ConnectOptions {
     /// Told once when the daemon cannot store (a full disk, a failing
     /// one) while unacknowledged data is kept and retried.
     pub on_storage_fault: StorageFaultNotice,
+    /// Told once when the first attempt of a link that never had a session
+    /// finds no daemon (no socket, nobody accepting), before it retries
+    /// quietly.
+    pub on_no_daemon: NoDaemonNotice,
+}
+
+/// What a link's owner is told when its first attempt finds no daemon:
+/// the endpoint and the retry window in force. By default nothing but a
+/// `tracing` debug line (the final error names the socket anyway); the
+/// command line prints a hint on how to start one.
+#[derive(Clone, Default)]
+pub struct NoDaemonNotice(Option<std::sync::Arc<SayNoDaemon>>);
+
+/// How a [`NoDaemonNotice`] says it.
+type SayNoDaemon = dyn Fn(&Endpoint, Duration) + Send + Sync;
+
+impl NoDaemonNotice {
+    /// Calls `say` with the endpoint and the retry window.
+    pub fn new(say: impl Fn(&Endpoint, Duration) + Send + Sync + 'static) -> Self {
+        Self(Some(std::sync::Arc::new(say)))
+    }
+
+    pub(super) fn tell(&self, endpoint: &Endpoint, window: Duration) {
+        match &self.0 {
+            Some(say) => say(endpoint, window),
+            None => tracing::debug!(%endpoint, "no daemon yet; retrying"),
+        }
+    }
+}
+
+impl fmt::Debug for NoDaemonNotice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "NoDaemonNotice(custom)"
+        } else {
+            "NoDaemonNotice(tracing)"
+        })
+    }
 }
 
 /// What a session owner is told when the daemon cannot store what it
@@ -109,6 +147,7 @@ impl Default for ConnectOptions {
             backoff_cap: backoff::DEFAULT_CAP,
             buffer_size: DEFAULT_BUFFER_SIZE,
             on_storage_fault: StorageFaultNotice::default(),
+            on_no_daemon: NoDaemonNotice::default(),
         }
     }
 }
@@ -235,7 +274,8 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use futures_util::SinkExt;
-    use tether_protocol::{ErrorCode, ErrorFrame};
+    use tether_protocol::{ErrorCode, ErrorFrame, ServerCodec};
+    use tokio_util::codec::Framed;
 
     use super::*;
     use crate::conn::fake_daemon::{accept_session, connector, listening};
@@ -259,6 +299,40 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.daemon_code(), Some(ErrorCode::UNSUPPORTED_VERSION));
         assert!(err.to_string().contains("not supported"));
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_refusal_sent_at_accept_before_hello_is_reported_and_not_retried() {
+        let (_dir, path, listener) = listening("d.sock");
+        // The daemon refuses a peer as soon as it accepts it, reads
+        // nothing and closes: the Hello may meet a closed socket.
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut framed = Framed::new(stream, ServerCodec::new());
+            framed
+                .send(Response::Error(ErrorFrame {
+                    code: ErrorCode::PERMISSION_DENIED,
+                    message: "permission denied: uid 1 is not allowed".into(),
+                }))
+                .await
+                .unwrap();
+            drop(framed);
+            listener
+        });
+        // A window far longer than the deadline: a refusal that were
+        // retried would not finish in time.
+        let connector = connector(&path, Duration::from_secs(600));
+        let err = tokio::time::timeout(Duration::from_secs(60), connector.connect())
+            .await
+            .expect("the refusal ends the attempt at once")
+            .unwrap_err();
+        assert_eq!(err.daemon_code(), Some(ErrorCode::PERMISSION_DENIED));
+        assert_eq!(
+            err.to_string(),
+            "permission denied: uid 1 is not allowed (permission_denied)"
+        );
+        assert_eq!(err.exit_code(), 1);
         server.await.unwrap();
     }
 }

@@ -62,6 +62,9 @@ pub struct Link {
     /// The daemon's storage fault was told since the last progress: a
     /// fault that outlasts many sessions is told once.
     fault_told: bool,
+    /// A session was open at some point, or the owner was told that no
+    /// daemon answered: either way the "no daemon" notice is not due.
+    no_daemon_told: bool,
 }
 
 /// A connection attempt (transport and handshake) in progress.
@@ -88,6 +91,7 @@ impl Link {
             retry_at: None,
             attempt: None,
             fault_told: false,
+            no_daemon_told: false,
         }
     }
 
@@ -167,10 +171,20 @@ impl Link {
             match outcome {
                 Ok(conn) => {
                     self.state = LinkState::Up(conn);
+                    self.no_daemon_told = true;
                     return Ok(true);
                 }
                 Err(e) if e.is_transient() => {
                     tracing::debug!(endpoint = %self.connector.endpoint, "connect failed: {e}");
+                    if !self.no_daemon_told && e.is_no_daemon() {
+                        // Said once, at the first attempt: whoever runs a
+                        // command with no daemon learns why it waits.
+                        self.no_daemon_told = true;
+                        let options = &self.connector.options;
+                        options
+                            .on_no_daemon
+                            .tell(&self.connector.endpoint, options.retry_window);
+                    }
                     self.outage_since.get_or_insert_with(Instant::now);
                     if !self.keeps_earlier_cause(&e) {
                         self.state = LinkState::Down(e);

@@ -38,11 +38,11 @@ use tether_protocol::Response;
 use crate::error::Error;
 
 pub use connect::{
-    ConnectOptions, Connector, StorageFaultNotice, DEFAULT_BUFFER_SIZE, DEFAULT_RETRY_WINDOW,
-    RETRY_FOREVER,
+    ConnectOptions, Connector, NoDaemonNotice, StorageFaultNotice, DEFAULT_BUFFER_SIZE,
+    DEFAULT_RETRY_WINDOW, RETRY_FOREVER,
 };
 pub use connection::Connection;
-pub use endpoint::Endpoint;
+pub use endpoint::{connect_unix, Endpoint};
 pub use link::{Link, LinkState};
 
 /// An error for a response that does not belong where it arrived.
