@@ -22,6 +22,12 @@ pub fn tether_shim() -> PathBuf {
     find("tether-shim")
 }
 
+/// `tether-it-listener`, this package's stand-in for a socket another
+/// user listens on.
+pub fn listener() -> PathBuf {
+    find("tether-it-listener")
+}
+
 fn find(name: &str) -> PathBuf {
     let exe = std::env::current_exe()
         .unwrap_or_else(|e| panic!("cannot find the running test executable: {e}"));

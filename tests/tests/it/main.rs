@@ -26,6 +26,7 @@ mod fault_soak;
 mod large_answers;
 mod local_security;
 mod local_security_admission;
+mod local_security_client;
 mod publish_tail;
 mod remote_access;
 mod remote_ssh;
