@@ -2,7 +2,8 @@
 //! could write to, or made, is refused by both binaries; a process that
 //! listens as another user is refused before anything is sent to it;
 //! permission denied ends a command at once; the missing daemon is named
-//! once, then retried; and `--json` never alters a payload's bytes.
+//! once, then retried; the directories tetherd makes are 0700 (0750 for
+//! readers); and `--json` never alters a payload's bytes.
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use tether_tests::remote::{test_users, TestUser, READER, STRANGER};
+use tether_tests::remote::{test_users, TestUser, READER, READERS_GROUP, STRANGER};
 use tether_tests::wait::wait_until;
 use tether_tests::{bins, cli, daemon, Background, Output, Sandbox};
 
@@ -308,4 +309,41 @@ fn json_output_keeps_bytes_that_are_not_utf8_as_base64() {
     assert_eq!(lines[0]["payload_b64"], "Y2Fm6Q==");
     assert_eq!(keys(&lines[1]), ["kind", "payload", "seq", "stream", "ts"]);
     assert_eq!(lines[1]["payload"], "café");
+}
+
+#[test]
+fn socket_directories_the_daemon_makes_are_0700_or_0750_for_readers() {
+    use std::os::unix::fs::MetadataExt;
+    // The readers' group exists once the test users do.
+    if test_users().is_none() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let socket = sb.file("a/b/s");
+    let mut d = daemon::Daemon::start(&socket, &sb.state_dir(), sb.path());
+    assert_eq!(mode_of(&sb.file("a")), 0o700);
+    assert_eq!(mode_of(&sb.file("a/b")), 0o700);
+    assert_eq!(mode_of(&socket), 0o600);
+    assert!(d.terminate().success());
+
+    let socket = sb.file("r/s");
+    let state = sb.file("r-state");
+    let env = [("TETHER_READERS_GROUP", READERS_GROUP)];
+    let mut d = daemon::Daemon::start_with_env(&socket, &state, sb.path(), &env);
+    let readers_gid = group_id(READERS_GROUP);
+    let dir = std::fs::metadata(sb.file("r")).unwrap();
+    assert_eq!((dir.mode() & 0o7777, dir.gid()), (0o750, readers_gid));
+    let sock = std::fs::metadata(&socket).unwrap();
+    assert_eq!((sock.mode() & 0o7777, sock.gid()), (0o660, readers_gid));
+    assert!(d.terminate().success());
+}
+
+/// The gid of group `name`, from `getent group`.
+fn group_id(name: &str) -> u32 {
+    let out = Command::new("getent")
+        .args(["group", name])
+        .output()
+        .unwrap();
+    let line = String::from_utf8(out.stdout).unwrap();
+    line.split(':').nth(2).unwrap().trim().parse().unwrap()
 }
