@@ -7,6 +7,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Instant;
 
+use tether_protocol::ErrorCode;
+
 use super::{Connection, Connector, Endpoint};
 use crate::backoff::Backoff;
 use crate::error::{humanize, Error, Result};
@@ -17,8 +19,8 @@ fn is_storage_fault(cause: &Error) -> bool {
     matches!(
         cause,
         Error::Daemon { code, .. }
-            if *code == tether_protocol::ErrorCode::STORAGE_FULL
-                || *code == tether_protocol::ErrorCode::STORAGE
+            if *code == ErrorCode::STORAGE_FULL
+                || *code == ErrorCode::STORAGE
     )
 }
 
@@ -65,6 +67,10 @@ pub struct Link {
     /// A session was open at some point, or the owner was told that no
     /// daemon answered: either way the "no daemon" notice is not due.
     no_daemon_told: bool,
+    /// A session was open at some point. Until then, a daemon refusing at
+    /// its connection limit is an answer to give the user at once; after,
+    /// it is an outage to ride out like any other.
+    was_up: bool,
 }
 
 /// A connection attempt (transport and handshake) in progress.
@@ -92,6 +98,7 @@ impl Link {
             attempt: None,
             fault_told: false,
             no_daemon_told: false,
+            was_up: false,
         }
     }
 
@@ -172,7 +179,15 @@ impl Link {
                 Ok(conn) => {
                     self.state = LinkState::Up(conn);
                     self.no_daemon_told = true;
+                    self.was_up = true;
                     return Ok(true);
+                }
+                Err(e)
+                    if !self.was_up && e.daemon_code() == Some(ErrorCode::TOO_MANY_CONNECTIONS) =>
+                {
+                    self.state = LinkState::Idle;
+                    self.outage_since = None;
+                    return Err(e);
                 }
                 Err(e) if e.is_transient() => {
                     tracing::debug!(endpoint = %self.connector.endpoint, "connect failed: {e}");

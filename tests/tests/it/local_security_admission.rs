@@ -14,7 +14,7 @@ use rustix::process::{getrlimit, setrlimit, Resource};
 use tether_protocol::codec::encode_frame;
 use tether_protocol::{Capabilities, ErrorCode, Hello, Request, PROTOCOL_VERSION};
 use tether_tests::remote::{test_users, TestUser, READER, READERS_GROUP, STRANGER};
-use tether_tests::{raw, wait, Background, Daemon, RawConn, Sandbox};
+use tether_tests::{cli, raw, wait, Background, Daemon, RawConn, Sandbox};
 
 /// Deadline for the helper processes to open and judge all their
 /// connections (thousands of them, on a loaded debug build).
@@ -187,6 +187,16 @@ fn a_reader_beyond_its_cap_is_refused_naming_the_cap() {
             "hello_ok 3\ntoo_many_connections 2: {}\nholding\n",
             over_cap(reader, 3)
         )
+    );
+    // The CLI does not wait for a slot: a refusal at the limit is the
+    // answer, given at once (the retry window here is ten minutes).
+    let mut status = sb.tether_with_timeout("10m", &["status"]);
+    status.uid(reader.uid).gid(reader.gid).current_dir("/");
+    let out = cli::run(status, b"", Duration::from_secs(120));
+    out.assert_code(1);
+    assert_eq!(
+        out.stderr,
+        format!("tether: {} (too_many_connections)\n", over_cap(reader, 3))
     );
     // Root is not capped.
     let _root: Vec<RawConn> = (0..5)
