@@ -61,6 +61,14 @@ const EXIT_GRACE: Duration = Duration::from_secs(3);
 /// find or run it.
 const PERMANENT_REMOTE_EXITS: [i32; 3] = [2, 126, 127];
 
+/// What the remote `tether dial-stdio` says (exiting 1) when it refuses
+/// the remote daemon or its socket: the remote host must change first.
+const PERMANENT_REMOTE_MESSAGES: [&str; 3] = [
+    "refusing socket directory",
+    "refusing the daemon at",
+    "permission denied",
+];
+
 /// ssh's own messages (it exits 255) for failures that retrying will not
 /// cure: the user or the host configuration must change first.
 const PERMANENT_SSH_MESSAGES: [&str; 7] = [
@@ -391,6 +399,7 @@ impl SshExit {
 fn is_permanent(code: Option<i32>, stderr: &str) -> bool {
     match code {
         Some(255) => PERMANENT_SSH_MESSAGES.iter().any(|m| stderr.contains(m)),
+        Some(1) => PERMANENT_REMOTE_MESSAGES.iter().any(|m| stderr.contains(m)),
         Some(code) => PERMANENT_REMOTE_EXITS.contains(&code),
         None => false,
     }
@@ -562,6 +571,14 @@ mod tests {
             "ssh: connect to host h port 22: Connection refused"
         ));
         assert!(!is_permanent(Some(4), "cannot reach tetherd"));
+        assert!(is_permanent(
+            Some(1),
+            "tether: refusing socket directory /tmp/tether-7: it is owned by uid 8, not by uid 7"
+        ));
+        assert!(!is_permanent(
+            Some(1),
+            "tether: lost the connection to the daemon"
+        ));
         assert!(!is_permanent(None, ""));
     }
 
