@@ -109,16 +109,50 @@ pub fn declared_frame_len(src: &[u8]) -> Option<usize> {
 }
 
 /// [`complete_frame_len`] for a decoder's buffer: while the frame is
-/// incomplete, reserves only what this (already bounded) frame still
-/// needs, which keeps one read per frame without trusting the peer further.
+/// incomplete, makes room for more of it with [`reserve_for_frame`].
 pub fn poll_frame(src: &mut BytesMut, max: usize) -> Result<Option<usize>, Error> {
     let complete = complete_frame_len(src, max)?;
     if complete.is_none() {
         if let Some(total) = declared_frame_len(src) {
-            src.reserve(total.saturating_sub(src.len()));
+            reserve_for_frame(src, total);
         }
     }
     Ok(complete)
+}
+
+/// The least a buffer holding part of a frame grows by: a few reads' worth.
+const MIN_GROWTH: usize = 32 * 1024;
+
+/// Makes room in `src`, which holds the start of a frame of `total` bytes
+/// (prefix included) and nothing after it, once it has no room left: as
+/// much again as has arrived (at least [`MIN_GROWTH`]), never past the
+/// frame's end. So memory follows what the peer has sent, not what it
+/// declared, while a large frame is copied only a few times as it grows
+/// (each byte about once on average). A small frame gets room for all of
+/// itself at once, and is read in one go.
+pub fn reserve_for_frame(src: &mut BytesMut, total: usize) {
+    if src.capacity() > src.len() || src.capacity() >= total {
+        return;
+    }
+    let step = src.len().max(MIN_GROWTH);
+    let target = total.min(src.len().saturating_add(step));
+    // A buffer of exactly this size: `reserve` may round up to twice the
+    // old one, which could pass the frame's end.
+    let mut grown = BytesMut::with_capacity(target);
+    grown.extend_from_slice(src);
+    *src = grown;
+}
+
+/// The variant index a message body starts with (see [`Message`]), once
+/// its bytes have arrived: `Ok(None)` while they have not all, an error
+/// when they are no varint at all. Lets a reader judge a message by its
+/// kind before the rest of it arrives.
+pub fn peek_kind(body: &[u8]) -> Result<Option<u32>, Error> {
+    match postcard::take_from_bytes::<u32>(body) {
+        Ok((kind, _)) => Ok(Some(kind)),
+        Err(postcard::Error::DeserializeUnexpectedEnd) => Ok(None),
+        Err(e) => Err(Error::Malformed(e)),
+    }
 }
 
 /// The error for a stream that ended inside a frame (`src` holds what

@@ -190,6 +190,59 @@ impl Request {
     /// append's body.
     pub const APPEND_KIND: u32 = 1;
 
+    /// The variant's index: the first varint of its body.
+    pub fn kind(&self) -> u32 {
+        match self {
+            Request::Hello(_) => 0,
+            Request::Append(_) => 1,
+            Request::Subscribe(_) => 2,
+            Request::DurableResume(_) => 3,
+            Request::DurableAck(_) => 4,
+            Request::ListStreams => 5,
+            Request::Status => 6,
+            Request::Run(_) => 7,
+            Request::ListExecutions { .. } => 8,
+            Request::Stop { .. } => 9,
+            Request::ShimHello(_) => 10,
+            Request::WorkerExited(_) => 11,
+            Request::CheckpointSave(_) => 12,
+            Request::CheckpointLoad { .. } => 13,
+            Request::CheckpointList { .. } => 14,
+            Request::StepGet { .. } => 15,
+            Request::StepPut { .. } => 16,
+            Request::Storage => 17,
+            Request::Verify => 18,
+        }
+    }
+
+    /// The name of the variant whose index is `kind` ([`Request::name`]),
+    /// when this build knows it: for a message of which only the first
+    /// bytes have arrived.
+    pub fn kind_name(kind: u32) -> Option<&'static str> {
+        const NAMES: [&str; Request::KINDS as usize] = [
+            "Hello",
+            "Append",
+            "Subscribe",
+            "DurableResume",
+            "DurableAck",
+            "ListStreams",
+            "Status",
+            "Run",
+            "ListExecutions",
+            "Stop",
+            "ShimHello",
+            "WorkerExited",
+            "CheckpointSave",
+            "CheckpointLoad",
+            "CheckpointList",
+            "StepGet",
+            "StepPut",
+            "Storage",
+            "Verify",
+        ];
+        NAMES.get(usize::try_from(kind).ok()?).copied()
+    }
+
     /// The variant's name, for logs and error messages.
     pub fn name(&self) -> &'static str {
         match self {

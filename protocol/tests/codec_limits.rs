@@ -7,7 +7,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use proptest::prelude::*;
 use serde::Serialize;
 use tether_protocol::codec::{
-    decode_append_view, decode_wire_message, encode_frame, peek_hello_version,
+    decode_append_view, decode_wire_message, encode_frame, peek_hello_version, peek_kind,
 };
 use tether_protocol::{
     validate_name, Append, AppendView, Capabilities, ClientCodec, DurableAck, Error, FrameKind,
@@ -218,6 +218,56 @@ fn an_incomplete_frame_reserves_only_what_it_still_needs() {
     // Room for the rest of this frame, and not unboundedly more.
     assert!(src.capacity() >= 4 + 1000);
     assert!(src.capacity() < 4 * (4 + 1000));
+}
+
+/// A peer that declares a large frame and sends little of it gets a
+/// buffer the size of what it sent, not of what it declared; as the rest
+/// arrives the buffer grows in steps (each at least doubling, so few
+/// copies), never past the frame's end, and the frame decodes whole.
+#[test]
+fn a_large_frame_grows_the_buffer_only_as_it_arrives() {
+    let msg = append(16 << 20);
+    let wire = encode_frame(&msg).unwrap();
+    let mut codec = ServerCodec::with_max_frame_len(32 << 20);
+    let mut src = BytesMut::from(&wire[..10]);
+    let mut sent = 10;
+    let mut growths = 0;
+    loop {
+        let before = src.capacity();
+        match codec.decode(&mut src).unwrap() {
+            Some(decoded) => {
+                assert_eq!(decoded, msg);
+                break;
+            }
+            None => {
+                assert!(src.capacity() <= wire.len(), "past the frame's end");
+                assert!(
+                    src.capacity() <= 2 * sent + 64 * 1024,
+                    "{} bytes reserved for {sent} arrived",
+                    src.capacity()
+                );
+                growths += usize::from(src.capacity() != before);
+            }
+        }
+        // What a read brings: the room there is, as a socket full of the
+        // frame would fill it.
+        let room = src.capacity() - src.len();
+        let piece = &wire[sent..(sent + room).min(wire.len())];
+        src.extend_from_slice(piece);
+        sent += piece.len();
+    }
+    assert!(growths < 16, "{growths} steps for 16 MiB");
+}
+
+#[test]
+fn the_kind_of_a_message_is_known_from_its_first_bytes() {
+    let body = &encode_frame(&append(1000)).unwrap()[4..];
+    assert_eq!(peek_kind(&body[..1]).unwrap(), Some(Request::APPEND_KIND));
+    assert_eq!(peek_kind(&[]).unwrap(), None);
+    // A varint that goes on: more must arrive.
+    assert_eq!(peek_kind(&[0x81]).unwrap(), None);
+    assert_eq!(peek_kind(&[0x81, 0x01]).unwrap(), Some(129));
+    assert!(matches!(peek_kind(&[0xFF; 6]), Err(Error::Malformed(_))));
 }
 
 // ---------------------------------------------------------------------------

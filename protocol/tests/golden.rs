@@ -624,6 +624,19 @@ fn variant_indexes_are_0_to_kinds<T: Message + Serialize>(fixtures: Vec<(T, &'st
     );
 }
 
+/// `Request::kind` and `Request::kind_name` agree with the bytes and the
+/// names: a reader judges a request by them before the rest arrives.
+#[test]
+fn request_kinds_and_their_names_match_the_wire() {
+    for (msg, _) in request_fixtures() {
+        let body = postcard::to_allocvec(&msg).unwrap();
+        let kind = postcard::take_from_bytes::<u32>(&body).unwrap().0;
+        assert_eq!(msg.kind(), kind, "{msg:?}");
+        assert_eq!(Request::kind_name(kind), Some(msg.name()), "{msg:?}");
+    }
+    assert_eq!(Request::kind_name(Request::KINDS), None);
+}
+
 #[test]
 fn message_kinds_match_the_variants() {
     variant_indexes_are_0_to_kinds(request_fixtures());
