@@ -201,6 +201,18 @@ impl Peer {
         self.permits_if(false, || "Append".to_owned())
     }
 
+    /// [`Peer::permits`] for a request of which only the kind (its variant
+    /// index) has arrived: refused when no request of that kind is a read,
+    /// so that its body need not be read at all. A kind this build does not
+    /// know is no read either.
+    pub fn permits_kind(&self, kind: u32) -> Result<(), String> {
+        let name = Request::kind_name(kind);
+        self.permits_if(name.is_some_and(may_be_read), || match name {
+            Some(name) => name.to_owned(),
+            None => format!("request type {kind}, unknown to this daemon,"),
+        })
+    }
+
     /// `read`: the request changes nothing; `what`: how a refusal names it.
     fn permits_if(&self, read: bool, what: impl FnOnce() -> String) -> Result<(), String> {
         match self.access {
@@ -231,19 +243,30 @@ impl Peer {
 /// consumer is not one: it records the consumer, whose acks then hold back
 /// compaction.
 fn is_read(request: &Request) -> bool {
-    match request {
-        Request::Hello(_)
-        | Request::ListStreams
-        | Request::Status
-        | Request::Storage
-        | Request::ListExecutions { .. }
-        | Request::CheckpointList { .. }
-        | Request::CheckpointLoad { .. }
-        | Request::StepGet { .. } => true,
-        Request::Subscribe(s) => s.consumer.is_none(),
-        Request::DurableResume(r) => r.consumer.is_none(),
-        _ => false,
-    }
+    may_be_read(request.name())
+        && match request {
+            Request::Subscribe(s) => s.consumer.is_none(),
+            Request::DurableResume(r) => r.consumer.is_none(),
+            _ => true,
+        }
+}
+
+/// True for the requests (named by [`Request::name`]) of which some or all
+/// change nothing: those a reader may send, depending on their fields.
+fn may_be_read(name: &str) -> bool {
+    matches!(
+        name,
+        "Hello"
+            | "ListStreams"
+            | "Status"
+            | "Storage"
+            | "ListExecutions"
+            | "CheckpointList"
+            | "CheckpointLoad"
+            | "StepGet"
+            | "Subscribe"
+            | "DurableResume"
+    )
 }
 
 /// True for requests that act on the daemon's state in a way worth a log
@@ -422,6 +445,37 @@ mod tests {
         let why = reader.permits(&stop).unwrap_err();
         assert!(why.contains("uid 1001 (carol)"), "{why}");
         assert!(why.contains("may only read"), "{why}");
+    }
+
+    /// A reader is refused by the kind of a request alone, before its
+    /// body arrives, with the words a whole request of that kind gets.
+    #[test]
+    fn readers_are_refused_by_kind_as_by_request() {
+        let reader = Peer {
+            cred: Some(cred(1001, 1600)),
+            access: Access::ReadOnly,
+            user: Some("carol".into()),
+        };
+        let stop = Request::Stop {
+            execution: "e".into(),
+            timeout_ms: 1,
+        };
+        assert_eq!(reader.permits_kind(stop.kind()), reader.permits(&stop));
+        assert!(reader.permits_kind(Request::APPEND_KIND).is_err());
+        for read in [Request::Status, Request::ListStreams] {
+            assert_eq!(reader.permits_kind(read.kind()), Ok(()));
+        }
+        // Whether a subscription is a read depends on its fields.
+        assert_eq!(reader.permits_kind(2), Ok(()));
+        let why = reader
+            .permits_kind(<Request as tether_protocol::Message>::KINDS)
+            .unwrap_err();
+        assert!(why.contains("request type 19, unknown"), "{why}");
+        let owner = Peer {
+            access: Access::Full,
+            ..reader
+        };
+        assert_eq!(owner.permits_kind(Request::APPEND_KIND), Ok(()));
     }
 
     #[test]

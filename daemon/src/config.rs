@@ -53,6 +53,9 @@ pub struct Config {
     /// Connections one uid other than root and the daemon's own may hold;
     /// `None`: a quarter of `max_connections` (see [`crate::slots`]).
     pub max_connections_per_uid: Option<usize>,
+    /// The bytes of partly received messages held across connections;
+    /// past it, those that have sent the least are closed.
+    pub max_partial_bytes: usize,
     pub retention: Retention,
     /// The shim program started for every worker attempt; `None` means
     /// `tether-shim` next to the daemon's own executable.
@@ -89,6 +92,7 @@ impl Config {
             max_frame_len: tether_protocol::DEFAULT_MAX_FRAME_LEN,
             max_connections: 4096,
             max_connections_per_uid: None,
+            max_partial_bytes: crate::ingest::DEFAULT_MAX_PARTIAL_BYTES,
             retention: Retention::default(),
             shim: None,
             checkpoint_keep: 10,

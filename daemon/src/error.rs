@@ -121,6 +121,31 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The peer may not send what it began to send (see
+    /// [`crate::access::Peer::permits_kind`]); the sentence saying why.
+    #[error("{0}")]
+    PermissionDenied(String),
+
+    /// A connection sent part of a message, then nothing for `after`.
+    #[error(
+        "the connection sent {received} of the {expected} bytes of a message, then nothing \
+         for {after:?}"
+    )]
+    Stalled {
+        received: usize,
+        expected: usize,
+        after: std::time::Duration,
+    },
+
+    /// A connection closed to keep the partly received messages of all
+    /// connections within `max_partial_bytes`: it had sent the least.
+    #[error(
+        "partly received messages passed max_partial_bytes ({limit} bytes across \
+         connections); this connection, {held} bytes into its message, was among those \
+         that had sent the least"
+    )]
+    OverPartialBudget { held: usize, limit: usize },
+
     /// A wire-level failure on one connection.
     #[error(transparent)]
     Protocol(#[from] tether_protocol::Error),
@@ -210,6 +235,11 @@ impl Error {
             Error::IllegalTransition { .. } => ErrorCode::INTERNAL,
             Error::InvalidRequest(_) => ErrorCode::INVALID_REQUEST,
             Error::ShuttingDown => ErrorCode::SHUTTING_DOWN,
+            Error::PermissionDenied(_) => ErrorCode::PERMISSION_DENIED,
+            Error::Stalled { .. } => ErrorCode::MALFORMED,
+            // The daemon's own limit, as with too many connections: the
+            // client may reconnect and send again.
+            Error::OverPartialBudget { .. } => ErrorCode::TOO_MANY_CONNECTIONS,
             Error::AnswerTooLarge { .. }
             | Error::Protocol(tether_protocol::Error::FrameTooLarge { .. }) => {
                 ErrorCode::FRAME_TOO_LARGE

@@ -19,20 +19,36 @@
 //! decodes everything complete in it, and keeps only an incomplete last
 //! frame. Reads can then be large (far fewer reads and wakeups per frame
 //! for a busy producer) while a thousand idle sessions cost nothing.
+//!
+//! What a peer declares is not trusted beyond the frame limit: a frame
+//! that does not arrive within one read grows its session's buffer only
+//! with what arrives, is counted in the [`PartialBudget`] shared by every
+//! session, and must keep arriving ([`STALL_TIMEOUT`]). A peer that may not
+//! send a request of the kind a frame begins with is refused as soon as
+//! that kind has arrived, before the rest of its body is read.
+
+mod budget;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tether_protocol::codec::{
-    complete_frame_len, declared_frame_len, decode_append_view, decode_wire_message, truncated,
-    PREFIX_LEN,
+    complete_frame_len, declared_frame_len, decode_append_view, decode_wire_message, peek_kind,
+    reserve_for_frame, truncated, PREFIX_LEN,
 };
 use tether_protocol::{validate_name, Append, AppendView, Error, FrameKind, Request};
 use tokio::net::unix::OwnedReadHalf;
+use tokio::time::{Instant, Sleep};
 use tokio_util::codec::Decoder;
+
+pub use budget::{Charge, PartialBudget, DEFAULT_MAX_PARTIAL_BYTES};
+
+use crate::access::{Access, Peer};
 
 /// Appends taken from the buffer at once. A session gathers several such
 /// batches into one for the writer; these bound what one adds to it.
@@ -224,8 +240,13 @@ const READ_BYTES: usize = 32 * 1024;
 /// An incomplete frame up to this size is carried over through the thread's
 /// buffer; a longer one is read into the session's own buffer until it is
 /// complete, so that a large frame arriving slowly is not copied over and
-/// over.
+/// over. Only a longer one counts in the [`PartialBudget`]: this much per
+/// session is bounded by the connection limit.
 const MAX_CARRIED: usize = 4 * 1024;
+
+/// A session that has sent part of a frame and then nothing for this long
+/// is closed. Between frames a session may idle for ever.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 thread_local! {
     /// The read buffer of every session served on this thread.
@@ -242,26 +263,57 @@ const MAX_READY: usize = 64;
 pub struct SessionReader {
     socket: OwnedReadHalf,
     codec: SessionCodec,
+    /// Who sends: a frame of a kind it may not send is refused early.
+    peer: Peer,
+    /// What `partial` holds beyond [`MAX_CARRIED`], as counted across
+    /// sessions.
+    charge: Charge,
     /// What was read and not yet decoded: usually nothing, or the start of
     /// a frame that has not all arrived.
     partial: BytesMut,
     /// Decoded and not yet taken, in order.
-    ready: VecDeque<Result<Incoming, Error>>,
+    ready: VecDeque<Result<Incoming, crate::Error>>,
     /// The client closed its side.
     eof: bool,
     /// A read or a frame failed; the error is the last item in `ready`.
     failed: bool,
+    /// Bytes read so far.
+    arrived: u64,
+    /// When the last bytes arrived that left `partial` holding part of a
+    /// frame.
+    last_arrival: Instant,
+    /// Fires at or after `last_arrival + stall_timeout` while a frame is
+    /// partly here. Moved on only when it fires (not at every read), so a
+    /// busy session seldom touches the timer.
+    stall: Option<Pin<Box<Sleep>>>,
+    stall_timeout: Duration,
+}
+
+/// What ends a wait for the socket.
+enum Woken {
+    Readable,
+    Failed(io::Error),
+    /// Closed to keep partly received messages within the budget.
+    Evicted,
+    /// The stall timer fired: the session may have stalled.
+    Stall,
 }
 
 impl SessionReader {
-    pub fn new(socket: OwnedReadHalf, codec: SessionCodec) -> Self {
+    pub fn new(socket: OwnedReadHalf, codec: SessionCodec, peer: Peer, charge: Charge) -> Self {
         Self {
             socket,
             codec,
+            peer,
+            charge,
             partial: BytesMut::new(),
             ready: VecDeque::new(),
             eof: false,
             failed: false,
+            arrived: 0,
+            last_arrival: Instant::now(),
+            stall: None,
+            stall_timeout: STALL_TIMEOUT,
         }
     }
 
@@ -269,7 +321,7 @@ impl SessionReader {
     /// closed its side and everything it sent was taken, or after an error.
     /// Cancel-safe: only the wait for the socket to become readable is ever
     /// interrupted.
-    pub async fn next(&mut self) -> Option<Result<Incoming, Error>> {
+    pub async fn next(&mut self) -> Option<Result<Incoming, crate::Error>> {
         loop {
             if let Some(item) = self.ready.pop_front() {
                 return Some(item);
@@ -290,43 +342,108 @@ impl SessionReader {
                 }
                 let e = truncated(&self.partial);
                 self.partial.clear();
-                self.fail(e);
-                continue;
-            }
-            if let Err(e) = self.socket.readable().await {
                 self.fail(e.into());
                 continue;
             }
-            self.read_and_decode();
+            match self.wait().await {
+                Woken::Readable => self.read_and_decode(),
+                Woken::Failed(e) => self.fail(Error::from(e).into()),
+                Woken::Evicted => {
+                    let e = self.charge.over(self.charge.held());
+                    self.fail(e);
+                }
+                Woken::Stall => self.stall_check(),
+            }
+        }
+    }
+
+    /// Waits for the socket, for this session to be closed to make room,
+    /// or, while a frame is partly here, for the stall timer.
+    async fn wait(&mut self) -> Woken {
+        let mid_frame = !self.partial.is_empty();
+        if mid_frame && self.stall.is_none() {
+            let due = self.last_arrival + self.stall_timeout;
+            self.stall = Some(Box::pin(tokio::time::sleep_until(due)));
+        }
+        let stall = &mut self.stall;
+        tokio::select! {
+            readable = self.socket.readable() => match readable {
+                Ok(()) => Woken::Readable,
+                Err(e) => Woken::Failed(e),
+            },
+            () = self.charge.evicted() => Woken::Evicted,
+            () = fired(stall), if mid_frame => Woken::Stall,
+        }
+    }
+
+    /// The stall timer fired: moves it on if bytes came since it was set;
+    /// otherwise reads once more (the session may not have read for a
+    /// while, with the bytes waiting), and ends the session if nothing came.
+    fn stall_check(&mut self) {
+        let due = self.last_arrival + self.stall_timeout;
+        if Instant::now() < due {
+            if let Some(timer) = &mut self.stall {
+                timer.as_mut().reset(due);
+            }
+            return;
+        }
+        self.stall = None;
+        let before = self.arrived;
+        self.read_and_decode();
+        if self.arrived == before && !self.failed {
+            let expected = declared_frame_len(&self.partial).unwrap_or(PREFIX_LEN);
+            self.fail(crate::Error::Stalled {
+                received: self.partial.len(),
+                expected,
+                after: self.stall_timeout,
+            });
         }
     }
 
     /// One read, then what is complete decoded into `ready`.
     fn read_and_decode(&mut self) {
+        let before = self.arrived;
         if self.partial.len() > MAX_CARRIED {
             let mut partial = std::mem::take(&mut self.partial);
-            // Room for the whole frame (its length was checked against the
-            // limit when it started), so it is read in place to its end.
+            // Room for more of the frame (its length was checked against
+            // the limit when it started), read in place to its end.
             if let Some(total) = declared_frame_len(&partial) {
-                partial.reserve(total.saturating_sub(partial.len()));
+                reserve_for_frame(&mut partial, total);
             }
             self.read_into(&mut partial);
             self.partial = partial;
-            return;
+        } else {
+            SCRATCH.with_borrow_mut(|scratch| {
+                scratch.clear();
+                scratch.reserve(READ_BYTES);
+                scratch.extend_from_slice(&self.partial);
+                if self.partial.capacity() > 2 * MAX_CARRIED {
+                    // Left from a large frame: a session idles with no buffer.
+                    self.partial = BytesMut::new();
+                } else {
+                    self.partial.clear();
+                }
+                self.read_into(scratch);
+                self.partial.extend_from_slice(scratch);
+            });
         }
-        SCRATCH.with_borrow_mut(|scratch| {
-            scratch.clear();
-            scratch.reserve(READ_BYTES);
-            scratch.extend_from_slice(&self.partial);
-            if self.partial.capacity() > 2 * MAX_CARRIED {
-                // Left from a large frame: a session idles with no buffer.
-                self.partial = BytesMut::new();
-            } else {
-                self.partial.clear();
+        if self.arrived != before && !self.partial.is_empty() {
+            self.last_arrival = Instant::now();
+        }
+        self.count_partial();
+    }
+
+    /// Counts what `partial` holds beyond [`MAX_CARRIED`] in the budget.
+    fn count_partial(&mut self) {
+        let held = match self.partial.len() {
+            n if n > MAX_CARRIED => n,
+            _ => 0,
+        };
+        if held != self.charge.held() && !self.failed {
+            if let Err(e) = self.charge.set(held) {
+                self.fail(e);
             }
-            self.read_into(scratch);
-            self.partial.extend_from_slice(scratch);
-        });
+        }
     }
 
     /// Reads into `buffer`, then decodes from it.
@@ -337,29 +454,55 @@ impl SessionReader {
         }
         match self.socket.try_read_buf(buffer) {
             Ok(0) => self.eof = true,
-            Ok(_) => {}
+            Ok(n) => self.arrived += n as u64,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return self.fail(e.into()),
+            Err(e) => return self.fail(Error::from(e).into()),
         }
         self.decode(buffer);
     }
 
     /// Decodes the complete frames at the front of `buffer` into `ready`,
-    /// while it has room.
+    /// while it has room; then judges the kind of a frame left incomplete.
     fn decode(&mut self, buffer: &mut BytesMut) {
         while !self.failed && self.ready.len() < MAX_READY {
             match self.codec.decode(buffer) {
                 Ok(Some(item)) => self.ready.push_back(Ok(item)),
-                Ok(None) => break,
-                Err(e) => self.fail(e),
+                Ok(None) => return self.judge_incomplete(buffer),
+                Err(e) => self.fail(e.into()),
             }
         }
     }
 
+    /// Refuses the incomplete frame at the front of `buffer` as soon as its
+    /// kind shows that the peer may not send it: its body is never read.
+    /// (A complete frame is authorized when it is served.)
+    fn judge_incomplete(&mut self, buffer: &[u8]) {
+        if self.peer.access == Access::Full || buffer.len() <= PREFIX_LEN {
+            return;
+        }
+        match peek_kind(&buffer[PREFIX_LEN..]) {
+            Ok(None) => {}
+            Ok(Some(kind)) => {
+                if let Err(why) = self.peer.permits_kind(kind) {
+                    self.fail(crate::Error::PermissionDenied(why));
+                }
+            }
+            Err(e) => self.fail(e.into()),
+        }
+    }
+
     /// Ends the session's requests with `e`, after those decoded before it.
-    fn fail(&mut self, e: Error) {
+    fn fail(&mut self, e: crate::Error) {
         self.ready.push_back(Err(e));
         self.failed = true;
+    }
+}
+
+/// Resolves when the timer fires; never without one.
+async fn fired(timer: &mut Option<Pin<Box<Sleep>>>) {
+    match timer {
+        Some(timer) => timer.as_mut().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -367,6 +510,7 @@ impl SessionReader {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use futures_util::FutureExt;
     use tether_protocol::codec::encode_frame;
 
     use super::*;
@@ -519,14 +663,131 @@ mod tests {
 
     /// A reader over one end of a socket pair, and the other end.
     fn reader() -> (SessionReader, tokio::net::UnixStream) {
+        reader_for(Access::Full, &PartialBudget::new(usize::MAX))
+    }
+
+    /// [`reader`] for a peer with `access`, counted in `budget`.
+    fn reader_for(
+        access: Access,
+        budget: &Arc<PartialBudget>,
+    ) -> (SessionReader, tokio::net::UnixStream) {
         let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
         let (read_half, _write_half) = ours.into_split();
+        let peer = Peer {
+            cred: None,
+            access,
+            user: None,
+        };
         // The write half of our end is not needed; dropping it does not
         // shut the socket down.
+        let codec = SessionCodec::new(32 << 20);
         (
-            SessionReader::new(read_half, SessionCodec::new(1 << 20)),
+            SessionReader::new(read_half, codec, peer, budget.charge()),
             theirs,
         )
+    }
+
+    /// The start of a 16 MiB append: its prefix, kind and names.
+    fn large_append_start() -> Vec<u8> {
+        let whole = encode_frame(&append("a", "p", 1, &vec![0; 16 << 20])).unwrap();
+        whole[..64].to_vec()
+    }
+
+    /// A peer that sends part of a frame and then nothing is cut off after
+    /// the stall timeout, saying how much of it arrived.
+    #[tokio::test]
+    async fn a_frame_that_stops_arriving_ends_the_session() {
+        use tokio::io::AsyncWriteExt;
+        let (mut reader, mut peer) = reader();
+        reader.stall_timeout = Duration::from_millis(200);
+        let start = large_append_start();
+        peer.write_all(&start).await.unwrap();
+        let err = reader.next().await.unwrap().unwrap_err();
+        let expected = declared_frame_len(&start).unwrap();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "the connection sent 64 of the {expected} bytes of a message, then nothing \
+                 for 200ms"
+            )
+        );
+        assert!(reader.next().await.is_none());
+    }
+
+    /// A peer that idles between frames is not stalled: it is served
+    /// whenever it sends again.
+    #[tokio::test]
+    async fn an_idle_session_between_frames_is_kept() {
+        use tokio::io::AsyncWriteExt;
+        let (mut reader, mut peer) = reader();
+        reader.stall_timeout = Duration::from_millis(100);
+        peer.write_all(&wire(&[Request::Status])).await.unwrap();
+        assert!(matches!(
+            reader.next().await,
+            Some(Ok(Incoming::Request(Request::Status)))
+        ));
+        let later = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            peer.write_all(&wire(&[Request::ListStreams]))
+                .await
+                .unwrap();
+            peer
+        });
+        assert!(matches!(
+            reader.next().await,
+            Some(Ok(Incoming::Request(Request::ListStreams)))
+        ));
+        drop(later.await.unwrap());
+    }
+
+    /// A reader that starts an append is refused once the append's kind
+    /// has arrived, with the words a whole append would get.
+    #[tokio::test]
+    async fn a_reader_starting_an_append_is_refused_before_its_body() {
+        use tokio::io::AsyncWriteExt;
+        let budget = PartialBudget::new(usize::MAX);
+        let (mut reader, mut peer) = reader_for(Access::ReadOnly, &budget);
+        let start = large_append_start();
+        peer.write_all(&start[..PREFIX_LEN + 1]).await.unwrap();
+        let err = reader.next().await.unwrap().unwrap_err();
+        assert!(matches!(err, crate::Error::PermissionDenied(_)), "{err}");
+        let whole = Peer {
+            cred: None,
+            access: Access::ReadOnly,
+            user: None,
+        };
+        assert_eq!(Err(err.to_string()), whole.permits_appends());
+        assert!(reader.next().await.is_none());
+    }
+
+    /// A large frame is counted while it arrives, and no longer once it
+    /// is complete; a session over the budget is closed.
+    #[tokio::test]
+    async fn a_large_frame_is_counted_while_it_arrives() {
+        use tokio::io::AsyncWriteExt;
+        let budget = PartialBudget::new(1 << 20);
+        let (mut reader, mut peer) = reader_for(Access::Full, &budget);
+        let frame = encode_frame(&append("a", "p", 1, &[7; 100_000])).unwrap();
+        peer.write_all(&frame[..50_000]).await.unwrap();
+        while budget.used() < 50_000 {
+            assert!(reader.next().now_or_never().is_none());
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(budget.used(), 50_000);
+        peer.write_all(&frame[50_000..]).await.unwrap();
+        let got = appends(reader.next().await.map(Result::unwrap));
+        assert_eq!(got[0].payload.len(), 100_000);
+        assert_eq!(budget.used(), 0);
+
+        let mut big = budget.charge();
+        big.set((1 << 20) - 10_000).unwrap();
+        peer.write_all(&frame[..20_000]).await.unwrap();
+        let err = reader.next().await.unwrap().unwrap_err();
+        assert!(
+            matches!(err, crate::Error::OverPartialBudget { held: 20_000, .. }),
+            "{err}"
+        );
+        assert_eq!(budget.used(), (1 << 20) - 10_000);
     }
 
     /// A frame larger than what is carried over arrives in small pieces,

@@ -148,6 +148,7 @@ pub async fn run_with(
     let shared = Arc::new(connection::Shared {
         queue: queue.clone(),
         supervisor: supervisor.clone(),
+        partials: ingest::PartialBudget::new(config.max_partial_bytes),
         config,
         started: Instant::now(),
         connections: AtomicU64::new(0),

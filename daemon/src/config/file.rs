@@ -7,7 +7,8 @@
 //! typo never silently falls back to a default.
 //!
 //! Environment overrides: `TETHER_LOG`, `TETHER_MAX_FRAME_LEN`,
-//! `TETHER_MAX_CONNECTIONS`, `TETHER_SOCKET_MODE`, `TETHER_SOCKET_GROUP`,
+//! `TETHER_MAX_CONNECTIONS`, `TETHER_MAX_PARTIAL_BYTES`,
+//! `TETHER_SOCKET_MODE`, `TETHER_SOCKET_GROUP`,
 //! `TETHER_READERS_GROUP`,
 //! `TETHER_MAX_CONNECTIONS_PER_UID`,
 //! `TETHER_RETENTION_MAX_FRAMES`, `TETHER_RETENTION_MAX_BYTES`,
@@ -36,6 +37,10 @@ const MIN_FRAME_LEN: u64 = 1024;
 
 /// The largest accepted `max_frame_len`: the length prefix is a u32.
 const MAX_FRAME_LEN: u64 = u32::MAX as u64;
+
+/// The smallest accepted `max_partial_bytes`: room for a few messages in
+/// progress.
+const MIN_PARTIAL_BYTES: u64 = 1024 * 1024;
 
 /// Where the config file is read from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,6 +120,8 @@ pub struct FileConfig {
     pub max_connections: Option<u64>,
     /// Connections one uid other than root and the daemon's own may hold.
     pub max_connections_per_uid: Option<u64>,
+    /// Bytes of partly received messages held across connections.
+    pub max_partial_bytes: Option<u64>,
     /// The write-ahead log's size in bytes, for a store whose log does not
     /// go round yet.
     pub log_capacity: Option<u64>,
@@ -195,6 +202,9 @@ impl FileConfig {
         if let Some(n) = self.max_connections_per_uid {
             check_connections("max_connections_per_uid", n)?;
         }
+        if let Some(n) = self.max_partial_bytes {
+            check_partial_bytes("max_partial_bytes", n)?;
+        }
         if let Some(n) = self.log_capacity {
             check_log_capacity("log_capacity", n)?;
         }
@@ -225,6 +235,9 @@ impl Config {
         }
         if let Some(n) = file.max_connections_per_uid {
             self.max_connections_per_uid = Some(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        if let Some(n) = file.max_partial_bytes {
+            self.max_partial_bytes = usize::try_from(n).unwrap_or(usize::MAX);
         }
         if let Some(n) = file.log_capacity {
             self.log_capacity = n;
@@ -275,6 +288,11 @@ impl Config {
             let n = number("TETHER_MAX_CONNECTIONS_PER_UID", &v)?;
             check_connections("TETHER_MAX_CONNECTIONS_PER_UID", n).map_err(bad)?;
             self.max_connections_per_uid = Some(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        if let Some(v) = get("TETHER_MAX_PARTIAL_BYTES") {
+            let n = number("TETHER_MAX_PARTIAL_BYTES", &v)?;
+            check_partial_bytes("TETHER_MAX_PARTIAL_BYTES", n).map_err(bad)?;
+            self.max_partial_bytes = usize::try_from(n).unwrap_or(usize::MAX);
         }
         if let Some(v) = get("TETHER_SOCKET_MODE") {
             let digits = v.trim_start_matches("0o");
@@ -342,6 +360,10 @@ impl Config {
             "max_connections_per_uid",
             self.max_connections_per_uid != new.max_connections_per_uid,
         );
+        differs(
+            "max_partial_bytes",
+            self.max_partial_bytes != new.max_partial_bytes,
+        );
         differs("socket.mode", self.socket_mode != new.socket_mode);
         differs("socket.group", self.socket_group != new.socket_group);
         differs("access.readers", self.readers_group != new.readers_group);
@@ -401,6 +423,15 @@ fn check_log_capacity(key: &str, n: u64) -> std::result::Result<(), String> {
     if n < MIN_LOG_CAPACITY {
         return Err(format!(
             "{key} = {n}: the log needs at least {MIN_LOG_CAPACITY} bytes"
+        ));
+    }
+    Ok(())
+}
+
+fn check_partial_bytes(key: &str, n: u64) -> std::result::Result<(), String> {
+    if n < MIN_PARTIAL_BYTES {
+        return Err(format!(
+            "{key} = {n}: must be at least {MIN_PARTIAL_BYTES} bytes"
         ));
     }
     Ok(())
@@ -473,6 +504,7 @@ mod tests {
             max_frame_len = 65536
             max_connections = 10
             max_connections_per_uid = 2
+            max_partial_bytes = 8388608
             log_capacity = 1048576
             [socket]
             mode = 0o660
@@ -494,6 +526,7 @@ mod tests {
         assert_eq!(config.max_frame_len, 65536);
         assert_eq!(config.max_connections, 10);
         assert_eq!(config.max_connections_per_uid, Some(2));
+        assert_eq!(config.max_partial_bytes, 8 << 20);
         assert_eq!(config.socket_mode, 0o660);
         assert_eq!(config.socket_group.as_deref(), Some("tether"));
         assert_eq!(config.readers_group.as_deref(), Some("tether-readers"));
@@ -538,6 +571,11 @@ mod tests {
             err.contains("log_capacity = 4096") && err.contains("65536"),
             "{err}"
         );
+        let err = parse("max_partial_bytes = 1000\n").unwrap_err().to_string();
+        assert!(
+            err.contains("max_partial_bytes = 1000") && err.contains("1048576"),
+            "{err}"
+        );
         let err = parse("log_level = \"loud=[\"\n").unwrap_err().to_string();
         assert!(err.contains("log_level"), "{err}");
         let err = parse("[retention]\nmax_frames = \"many\"\n")
@@ -553,6 +591,7 @@ mod tests {
             ("TETHER_SOCKET_MODE", "0660"),
             ("TETHER_MAX_RESTARTS", "3"),
             ("TETHER_MAX_CONNECTIONS_PER_UID", "5"),
+            ("TETHER_MAX_PARTIAL_BYTES", "2097152"),
         ]);
         let mut config = base();
         config
@@ -565,6 +604,7 @@ mod tests {
         assert_eq!(config.socket_mode, 0o660);
         assert_eq!(config.default_max_restarts, Some(3));
         assert_eq!(config.max_connections_per_uid, Some(5));
+        assert_eq!(config.max_partial_bytes, 2 << 20);
 
         let var = env_of(&[("TETHER_RETENTION_MAX_BYTES", "lots")]);
         let err = base()

@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::Peer;
 use crate::engine::Queue;
-use crate::ingest::{Incoming, SessionCodec, SessionReader};
+use crate::ingest::{Incoming, PartialBudget, SessionCodec, SessionReader};
 use crate::supervisor::Supervisor;
 use crate::{Config, Error};
 
@@ -62,6 +62,9 @@ pub struct Shared {
     pub queue: Queue,
     pub supervisor: Supervisor,
     pub config: Config,
+    /// The bytes of partly received messages across sessions
+    /// (`max_partial_bytes`).
+    pub partials: Arc<PartialBudget>,
     pub started: Instant,
     /// Sessions currently open (for `tether status`).
     pub connections: AtomicU64,
@@ -225,7 +228,8 @@ impl Session {
         self.accept_hello(&hello).await?;
 
         let codec = SessionCodec::new(self.shared.config.max_frame_len);
-        let mut reader = SessionReader::new(read_half, codec);
+        let charge = self.shared.partials.charge();
+        let mut reader = SessionReader::new(read_half, codec, self.peer.clone(), charge);
         let mut reading = true;
         loop {
             if !reading && self.pending.is_empty() {

@@ -89,11 +89,18 @@ pub(super) async fn read_hello(
             format!("frame of {len} bytes exceeds the maximum of {limit} bytes for a Hello"),
         ));
     }
-    let mut body = vec![0u8; len];
-    let got = read_full(read_half, &mut body).await?;
-    if got < len {
+    // Grown with what arrives, not reserved for what was declared: a
+    // thousand connections that each declare a large Hello and stop cost
+    // what they sent.
+    let mut body = Vec::new();
+    read_half
+        .take(len as u64)
+        .read_to_end(&mut body)
+        .await
+        .map_err(cannot_read)?;
+    if body.len() < len {
         return Err(tether_protocol::Error::Truncated {
-            received: prefix.len() + got,
+            received: prefix.len() + body.len(),
             expected: prefix.len() + len,
         }
         .into());
@@ -121,16 +128,21 @@ pub(super) async fn read_hello(
 async fn read_full(read_half: &mut OwnedReadHalf, buf: &mut [u8]) -> Result<usize, Refusal> {
     let mut filled = 0;
     while filled < buf.len() {
-        let n = read_half.read(&mut buf[filled..]).await.map_err(|e| {
-            Refusal::new(
-                ErrorCode::MALFORMED,
-                format!("cannot read from client: {e}"),
-            )
-        })?;
+        let n = read_half
+            .read(&mut buf[filled..])
+            .await
+            .map_err(cannot_read)?;
         if n == 0 {
             break;
         }
         filled += n;
     }
     Ok(filled)
+}
+
+fn cannot_read(e: std::io::Error) -> Refusal {
+    Refusal::new(
+        ErrorCode::MALFORMED,
+        format!("cannot read from client: {e}"),
+    )
 }
