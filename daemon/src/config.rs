@@ -54,7 +54,8 @@ pub struct Config {
     /// `None`: a quarter of `max_connections` (see [`crate::slots`]).
     pub max_connections_per_uid: Option<usize>,
     /// The bytes of partly received messages held across connections;
-    /// past it, those that have sent the least are closed.
+    /// past it, those that have sent the least are closed. Below
+    /// `max_frame_len`, a message that large can never arrive.
     pub max_partial_bytes: usize,
     pub retention: Retention,
     /// The shim program started for every worker attempt; `None` means

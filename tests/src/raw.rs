@@ -13,8 +13,8 @@ use std::time::Duration;
 use tether_protocol::codec::{decode_message, encode_frame};
 use tether_protocol::parts::Joiner;
 use tether_protocol::{
-    Capabilities, ErrorFrame, Hello, HelloOk, Request, Response, StatusInfo, StreamInfo,
-    PROTOCOL_VERSION,
+    Append, Capabilities, ErrorFrame, FrameKind, Hello, HelloOk, Request, Response, StatusInfo,
+    StreamInfo, PROTOCOL_VERSION,
 };
 
 /// How long a read may block before the test fails instead of hanging.
@@ -162,6 +162,58 @@ impl RawConn {
             Err(e) => panic!("expected the daemon to close the connection, got {e}"),
         }
     }
+}
+
+impl RawConn {
+    /// Bytes written on this connection that the daemon has not read yet.
+    #[allow(unsafe_code)]
+    pub fn unread_by_peer(&self) -> io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: the descriptor is open for the lifetime of `self`, and
+        // SIOCOUTQ writes one `int` to the pointer it is given.
+        let ret = unsafe {
+            libc::ioctl(
+                self.stream.as_raw_fd(),
+                libc::TIOCOUTQ,
+                std::ptr::addr_of_mut!(queued),
+            )
+        };
+        if ret != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        usize::try_from(queued).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+
+    /// True while the daemon has neither answered nor closed: nothing to
+    /// read, without waiting. (When there is something, a byte of it is
+    /// taken: for asserting quiet, not for reading on after.)
+    pub fn is_quiet(&self) -> bool {
+        let mut byte = [0u8; 1];
+        self.stream
+            .set_nonblocking(true)
+            .unwrap_or_else(|e| panic!("cannot make the socket non-blocking: {e}"));
+        let peeked = (&self.stream).read(&mut byte);
+        self.stream
+            .set_nonblocking(false)
+            .unwrap_or_else(|e| panic!("cannot make the socket blocking: {e}"));
+        matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+/// One `Append` frame to `stream` whose body is about `len` bytes (its
+/// payload fills what the envelope leaves): for sending part of it.
+pub fn append_frame(stream: &str, len: usize) -> Vec<u8> {
+    let append = Request::Append(Append {
+        stream: stream.to_owned(),
+        producer: "p".to_owned(),
+        producer_seq: 1,
+        kind: FrameKind::Data,
+        payload: vec![b'x'; len.saturating_sub(64)].into(),
+    });
+    encode_frame(&append)
+        .unwrap_or_else(|e| panic!("cannot encode an append: {e}"))
+        .to_vec()
 }
 
 /// Fills `buf`, or returns `Ok(false)` on end-of-file before its first byte.

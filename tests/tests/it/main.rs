@@ -27,6 +27,7 @@ mod large_answers;
 mod local_security;
 mod local_security_admission;
 mod local_security_client;
+mod local_security_memory;
 mod publish_tail;
 mod remote_access;
 mod remote_ssh;
