@@ -3,7 +3,8 @@
 //! Each frame is a big-endian `u32` length followed by that many bytes of one
 //! postcard-encoded message. The decoder reads the prefix, refuses a length
 //! over the limit *before* growing its buffer, waits for the rest (an
-//! incomplete frame is `Ok(None)`, not an error), and only then parses.
+//! incomplete frame is `Ok(None)`, not an error), growing its buffer only
+//! as the rest arrives, and only then parses.
 
 use std::marker::PhantomData;
 
@@ -136,8 +137,13 @@ pub fn reserve_for_frame(src: &mut BytesMut, total: usize) {
     }
     let step = src.len().max(MIN_GROWTH);
     let target = total.min(src.len().saturating_add(step));
-    // A buffer of exactly this size: `reserve` may round up to twice the
-    // old one, which could pass the frame's end.
+    // Room already allocated before the frame (frames taken from the front
+    // of a read buffer leave it) is used first, as a plain `reserve` would.
+    if src.try_reclaim(target - src.len()) {
+        return;
+    }
+    // Otherwise a buffer of exactly this size: `reserve` may round up to
+    // twice the old one, which could pass the frame's end.
     let mut grown = BytesMut::with_capacity(target);
     grown.extend_from_slice(src);
     *src = grown;
