@@ -274,8 +274,7 @@ async fn admit(
             return;
         }
     };
-    let admission = connection::Admission { peer, denial: None };
-    connection::run(stream, shared, shutdown, admission).await;
+    connection::run(stream, shared, shutdown, peer).await;
     drop(slot);
 }
 

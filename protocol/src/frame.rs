@@ -212,6 +212,7 @@ impl Request {
             Request::StepPut { .. } => 16,
             Request::Storage => 17,
             Request::Verify => 18,
+            Request::CheckpointSavePart(_) => 19,
         }
     }
 
@@ -239,6 +240,7 @@ impl Request {
             "StepPut",
             "Storage",
             "Verify",
+            "CheckpointSavePart",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }

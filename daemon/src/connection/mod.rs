@@ -47,15 +47,6 @@ use read::{read_hello, HELLO_TIMEOUT};
 use subscribe::{recv_event, ActiveSubscription};
 use write::WRITE_BATCH_BYTES;
 
-/// The judged peer of a new connection, and the sentence it is refused
-/// with when it may not use the daemon at all.
-#[derive(Debug)]
-pub struct Admission {
-    pub peer: Peer,
-    /// `Some` for a peer that is refused after its Hello.
-    pub denial: Option<String>,
-}
-
 /// What every session shares.
 #[derive(Debug)]
 pub struct Shared {
@@ -114,15 +105,10 @@ enum Ending {
 
 type Pending = Pin<Box<dyn Future<Output = Result<Vec<Response>, Error>> + Send>>;
 
-/// Serves one connection to its end. Never panics on input; every failure
-/// is answered with an error frame (when the socket still takes one) and
-/// logged.
-pub async fn run(
-    stream: UnixStream,
-    shared: Arc<Shared>,
-    shutdown: CancellationToken,
-    admission: Admission,
-) {
+/// Serves one connection, whose `peer` passed its check, to its end.
+/// Never panics on input; every failure is answered with an error frame
+/// (when the socket still takes one) and logged.
+pub async fn run(stream: UnixStream, shared: Arc<Shared>, shutdown: CancellationToken, peer: Peer) {
     shared.connections.fetch_add(1, Ordering::Relaxed);
     let (read_half, write_half) = stream.into_split();
     let mut out = FramedWrite::new(
@@ -141,8 +127,7 @@ pub async fn run(
         pending: FuturesOrdered::new(),
         shim: None,
         shutdown: shutdown.clone(),
-        peer: admission.peer,
-        denial: admission.denial,
+        peer,
         logged_writes: false,
         lone_streak: false,
         awaiting_lone: None,
@@ -189,8 +174,6 @@ struct Session {
     shutdown: CancellationToken,
     /// Who is at the other end, and what they may do.
     peer: Peer,
-    /// Why the peer is refused, if it is.
-    denial: Option<String>,
     /// Appends and acks come by the thousand: only the session's first is
     /// logged with the peer's identity.
     logged_writes: bool,
@@ -220,11 +203,6 @@ impl Session {
                 Ok(Err(refusal)) => return Err(refusal),
             },
         };
-        // The peer was judged at accept; a refused one learns why in answer
-        // to its Hello, before any request is served.
-        if let Some(denial) = self.denial.take() {
-            return Err(Refusal::new(ErrorCode::PERMISSION_DENIED, denial));
-        }
         self.accept_hello(&hello).await?;
 
         let codec = SessionCodec::new(self.shared.config.max_frame_len);
