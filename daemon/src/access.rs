@@ -467,10 +467,12 @@ mod tests {
         }
         // Whether a subscription is a read depends on its fields.
         assert_eq!(reader.permits_kind(2), Ok(()));
-        let why = reader
-            .permits_kind(<Request as tether_protocol::Message>::KINDS)
-            .unwrap_err();
-        assert!(why.contains("request type 19, unknown"), "{why}");
+        let unknown = <Request as tether_protocol::Message>::KINDS;
+        let why = reader.permits_kind(unknown).unwrap_err();
+        assert!(
+            why.contains(&format!("request type {unknown}, unknown")),
+            "{why}"
+        );
         let owner = Peer {
             access: Access::Full,
             ..reader
