@@ -31,9 +31,9 @@ pub const FILE_NAME: &str = "tetherd.toml";
 /// The smallest accepted `log_capacity`: a few records of a small batch.
 const MIN_LOG_CAPACITY: u64 = 64 * 1024;
 
-/// The smallest accepted `max_frame_len`: a frame must at least hold a
-/// request envelope and a short payload.
-const MIN_FRAME_LEN: u64 = 1024;
+/// The smallest accepted `max_frame_len`: a message must hold its
+/// envelope and leave a payload room for a line of text.
+const MIN_FRAME_LEN: u64 = tether_protocol::FRAME_ENVELOPE as u64 + 1024;
 
 /// The largest accepted `max_frame_len`: the length prefix is a u32.
 const MAX_FRAME_LEN: u64 = u32::MAX as u64;
