@@ -39,7 +39,6 @@ pub mod engine;
 pub mod error;
 pub mod hub;
 pub mod ingest;
-pub mod inherited;
 pub mod lock;
 pub mod notify;
 pub mod server;

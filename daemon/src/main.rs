@@ -231,7 +231,7 @@ fn start(
     let log = init_tracing(&config.log_level);
     // Before any thread starts, and before shims are started: see
     // `tetherd::inherited`.
-    let marked = tetherd::inherited::close_on_exec_except(listen_env.passed())
+    let marked = tether_protocol::inherited::close_on_exec_except(listen_env.passed())
         .map_err(|e| tetherd::Error::io("cannot keep inherited descriptors from workers", e))?;
     if marked > 0 {
         tracing::debug!("{marked} inherited descriptors marked close-on-exec");

@@ -9,8 +9,9 @@
 //! * [`parts`] joins an answer that came in several messages.
 //! * [`error`] is the crate's one error type.
 //! * [`paths`] and [`socket_dir`]: where the socket is, and whether its
-//!   directory can be trusted; shared by both binaries. The only code of
-//!   this crate that looks at the file system.
+//!   directory can be trusted; [`inherited`]: descriptors kept from child
+//!   processes. Shared by both binaries; the only code of this crate that
+//!   touches the operating system.
 //!
 //! Postcard is not self-describing: the order of enum variants and struct
 //! fields *is* the wire format. The golden-byte tests in `tests/golden.rs`
@@ -19,6 +20,7 @@
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod inherited;
 pub mod parts;
 pub mod paths;
 pub mod socket_dir;

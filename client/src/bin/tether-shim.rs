@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     // First, while this is the only thread: the worker inherits nothing
     // but its stdin, stdout and stderr. tetherd passes nothing else, so a
     // failure here is reported and the worker still started.
-    if let Err(e) = shim::inherited::close_on_exec() {
+    if let Err(e) = tether_protocol::inherited::close_on_exec_except(0..0) {
         eprintln!("tether-shim: the worker may inherit descriptors of the shim: {e}");
     }
     let stdin = std::io::stdin();

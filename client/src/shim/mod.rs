@@ -29,7 +29,6 @@
 //! daemon points at a log file per execution. The worker gets none of the
 //! shim's descriptors but its three ([`inherited`]).
 
-pub mod inherited;
 pub mod lines;
 pub mod procfs;
 pub mod spec;

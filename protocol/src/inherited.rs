@@ -1,13 +1,13 @@
-//! Descriptors the daemon inherited, kept from shims and workers.
+//! Descriptors a process inherited, kept from the programs it starts.
 //!
-//! A worker starts with stdin, stdout and stderr and nothing else. The
-//! daemon opens every descriptor of its own with close-on-exec, but whoever
-//! started it may have left others open without it (a shell's `exec
-//! 10<file`, a parent's pipe), and `fork` + `exec` would pass those on to
-//! every shim, and from there to workers. So at start, before any thread
-//! exists, the daemon marks each inherited descriptor above 2 close-on-exec.
-//! The service manager's sockets (`$LISTEN_FDS`) are left to
-//! [`crate::activation`], which adopts or closes them.
+//! A worker starts with stdin, stdout and stderr and nothing else. Both
+//! tetherd and the shim open every descriptor of their own with
+//! close-on-exec, but whoever started them may have left others open
+//! without it (a shell's `exec 10<file`, a parent's pipe), and `fork` +
+//! `exec` would pass those on: from the daemon to every shim, from a shim
+//! to its worker. So each marks every inherited descriptor above 2
+//! close-on-exec at start, before any thread exists. (The daemon keeps the
+//! service manager's sockets, `$LISTEN_FDS`, out of it: it adopts them.)
 //!
 //! rustix offers no `close_range`, so the descriptors are found by listing
 //! `/proc/self/fd`.
