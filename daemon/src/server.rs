@@ -4,11 +4,12 @@
 //! finds no slot, is answered at once with the reason and closed, without
 //! its Hello being read.
 
+use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures_util::SinkExt;
 use tether_protocol::{ErrorCode, ErrorFrame, Response, ServerCodec};
@@ -211,6 +212,7 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: Cancel
     let max = session_limit(shared.config.max_connections, open_file_limit());
     let slots = Slots::new(Limits::new(max, shared.config.max_connections_per_uid));
     let policy = Policy::for_this_process(shared.config.readers_group.clone());
+    let refusals = Arc::new(RefusalLog::default());
     let tracker = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -234,6 +236,7 @@ pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: Cancel
             shutdown.clone(),
             policy.clone(),
             slots.clone(),
+            refusals.clone(),
         ));
     }
     drop(listener);
@@ -257,11 +260,21 @@ async fn admit(
     shutdown: CancellationToken,
     policy: Policy,
     slots: Arc<Slots>,
+    refusals: Arc<RefusalLog>,
 ) {
     let peer = policy.identify(&stream).await;
     if peer.access == Access::Denied {
         let denial = policy.denial(&peer);
-        tracing::warn!(code = %ErrorCode::PERMISSION_DENIED, "refusing connection: {denial}");
+        match refusals.due(peer.uid(), Instant::now()) {
+            Some(0) => {
+                tracing::warn!(code = %ErrorCode::PERMISSION_DENIED, "refusing connection: {denial}");
+            }
+            Some(more) => tracing::warn!(
+                code = %ErrorCode::PERMISSION_DENIED,
+                "refusing connection: {denial} ({more} more of this uid refused since the last line)"
+            ),
+            None => tracing::debug!("refusing connection: {denial}"),
+        }
         refuse(stream, ErrorCode::PERMISSION_DENIED, denial).await;
         return;
     }
@@ -276,6 +289,40 @@ async fn admit(
     };
     connection::run(stream, shared, shutdown, peer).await;
     drop(slot);
+}
+
+/// How often a refused uid is logged at most.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Refusals of a uid, logged at most once per [`REFUSAL_LOG_EVERY`]: a
+/// user who opens connections by the thousand must not fill the journal,
+/// whose own rate limit would then drop the daemon's other lines.
+#[derive(Debug, Default)]
+struct RefusalLog {
+    /// Per uid: when it was last logged, and its refusals not logged since.
+    seen: Mutex<HashMap<u32, (Instant, u64)>>,
+}
+
+impl RefusalLog {
+    /// `Some(n)` when a refusal of `uid` at `now` is to be logged, with the
+    /// `n` refusals left out since the last line; `None` to leave it out.
+    fn due(&self, uid: u32, now: Instant) -> Option<u64> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        match seen.get_mut(&uid) {
+            Some((last, skipped)) if now.duration_since(*last) < REFUSAL_LOG_EVERY => {
+                *skipped += 1;
+                None
+            }
+            Some((last, skipped)) => {
+                *last = now;
+                Some(std::mem::take(skipped))
+            }
+            None => {
+                seen.insert(uid, (now, 0));
+                Some(0)
+            }
+        }
+    }
 }
 
 /// Tells a client why it is turned away, then closes the connection: the
@@ -311,5 +358,18 @@ mod tests {
     #[test]
     fn the_open_file_limit_can_be_read() {
         assert!(open_file_limit().is_some_and(|n| n > 0));
+    }
+
+    #[test]
+    fn a_refused_uid_is_logged_once_a_minute_with_what_was_left_out() {
+        let log = RefusalLog::default();
+        let start = Instant::now();
+        assert_eq!(log.due(1001, start), Some(0));
+        assert_eq!(log.due(1001, start + Duration::from_secs(1)), None);
+        assert_eq!(log.due(1001, start + Duration::from_secs(59)), None);
+        // Another uid has its own minute.
+        assert_eq!(log.due(1002, start + Duration::from_secs(2)), Some(0));
+        assert_eq!(log.due(1001, start + REFUSAL_LOG_EVERY), Some(2));
+        assert_eq!(log.due(1001, start + REFUSAL_LOG_EVERY * 2), Some(0));
     }
 }
