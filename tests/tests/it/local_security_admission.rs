@@ -134,7 +134,7 @@ fn a_refused_user_is_answered_at_once_and_holds_no_slot() {
         return;
     };
     let sb = Sandbox::new();
-    let _daemon = open_daemon(&sb, &[("TETHER_MAX_CONNECTIONS", "40")]);
+    let daemon = open_daemon(&sb, &[("TETHER_MAX_CONNECTIONS", "40")]);
     // Five times the limit, each waiting for an answer without a Hello:
     // were a refusal to wait for the Hello timeout, this would take 17
     // minutes and say hello_required.
@@ -145,6 +145,15 @@ fn a_refused_user_is_answered_at_once_and_holds_no_slot() {
     );
     // The strangers still hold their ends; the owner is served, alone.
     assert_eq!(connections_line(&sb), "connections: 1");
+    // One line in the log says so, not 200: a flood of refusals must not
+    // flood the journal.
+    let logs = daemon.logs();
+    let refusals: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("refusing connection"))
+        .collect();
+    assert_eq!(refusals.len(), 1, "{logs}");
+    assert!(refusals[0].contains(&denial(stranger)), "{logs}");
 }
 
 #[test]
