@@ -9,6 +9,7 @@
 //! * [`publisher`]: a pipelined [`Publisher`] with a window of
 //!   unacknowledged frames that it resends, deduplicated by the daemon,
 //!   after a lost session.
+//! * [`cursor`]: the file a tail keeps its position in.
 //! * [`subscriber`]: a [`Subscriber`] that yields every frame exactly once
 //!   across reconnects, reports gaps, and acks for durable consumers.
 //! * [`shim`]: the per-worker shim that tetherd starts for each attempt of
@@ -25,6 +26,7 @@
 
 pub mod backoff;
 pub mod conn;
+pub mod cursor;
 pub mod error;
 pub mod publisher;
 pub mod shim;

@@ -270,11 +270,7 @@ impl Worker {
         F: FnOnce() -> Fut,
         Fut: Future<Output = std::result::Result<T, E>>,
     {
-        let get = Request::StepGet {
-            execution: self.execution.clone(),
-            step: name.to_owned(),
-        };
-        if let Some(recorded) = step_result(self.call(&get).await?)? {
+        if let Some(recorded) = self.step_get(name).await? {
             return decode_step(name, &recorded);
         }
         let value = body().await.map_err(|e| Error::Step {
@@ -285,13 +281,30 @@ impl Worker {
             what: format!("the result of step {name:?}"),
             source,
         })?;
+        let kept = self.step_put(name, Bytes::from(result)).await?;
+        decode_step(name, &kept)
+    }
+
+    /// The result recorded for step `name` of this execution, as stored;
+    /// `None` when there is none. For SDKs with their own encoding.
+    pub async fn step_get(&self, name: &str) -> Result<Option<Bytes>> {
+        let get = Request::StepGet {
+            execution: self.execution.clone(),
+            step: name.to_owned(),
+        };
+        Ok(step_result(self.call(&get).await?)?)
+    }
+
+    /// Records `result` for step `name` unless one is recorded already, and
+    /// returns the result that stands (the first recorded wins). Durable
+    /// when this returns.
+    pub async fn step_put(&self, name: &str, result: Bytes) -> Result<Bytes> {
         let put = Request::StepPut {
             execution: self.execution.clone(),
             step: name.to_owned(),
-            result: Bytes::from(result),
+            result,
         };
-        let kept = step_recorded(self.call(&put).await?)?;
-        decode_step(name, &kept)
+        Ok(step_recorded(self.call(&put).await?)?)
     }
 
     /// Sends one request and returns its answer, over the shared session.

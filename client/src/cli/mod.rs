@@ -14,7 +14,6 @@
 
 pub mod attach;
 pub mod checkpoint;
-pub mod cursor;
 pub mod dial_stdio;
 pub mod duration;
 pub mod lines;

@@ -25,7 +25,9 @@ use tether::{Event, Result, Start, SubscribeOptions, Subscriber};
 use tether_protocol::Gap;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use super::{consumer_name, cursor, output, stream_name, write_stdout, Context};
+use tether::cursor;
+
+use super::{consumer_name, output, stream_name, write_stdout, Context};
 
 /// Output gathered before it is written even if more frames are ready.
 const FLUSH_AT: usize = 256 * 1024;

@@ -1,5 +1,6 @@
-//! The `--cursor-file` of `tether tail`: the seq of the last printed frame,
-//! as decimal text and a newline.
+//! A tail's cursor file (`tether tail --cursor-file`, the SDKs'
+//! `cursor_file`): the seq of the last processed frame, as decimal text and
+//! a newline.
 //!
 //! It is replaced atomically (written to a temporary file in the same
 //! directory, then renamed over the old one), so a reader or a crash at any
@@ -9,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tether::{Error, Result};
+use crate::{Error, Result};
 
 /// The stored seq; `None` when the file does not exist or is empty (a
 /// fresh start).
