@@ -1,0 +1,93 @@
+import pytest
+
+import tether
+
+
+def lines(frames):
+    return [(f.seq, f.kind, f.payload, f.text) for f in frames]
+
+
+def test_publish_then_tail_gives_the_exact_lines(daemon):
+    c = daemon.client()
+    c.publish("s", ["alpha", "beta", b"\xffraw"], producer="p1")
+    assert lines(c.tail("s")) == [
+        (1, "data", b"alpha", "alpha"),
+        (2, "data", b"beta", "beta"),
+        (3, "data", b"\xffraw", "\ufffdraw"),
+    ]
+    f = next(iter(c.tail("s", last=1)))
+    assert (f.stream, f.seq, f.text) == ("s", 3, "\ufffdraw")
+    assert f.ts > 1.6e9 and f.ts_micros // 1_000_000 == int(f.ts)
+    assert [f.seq for f in c.tail("s", from_seq=2)] == [2, 3]
+
+
+def test_a_rerun_with_the_same_producer_stores_nothing_twice(daemon):
+    daemon.client().publish("s", ["a", "b"], producer="job")
+    again = daemon.client()
+    again.publish("s", ["a", "b"], producer="job")
+    again.publish("s", ["c"], producer="job")
+    assert [f.text for f in again.tail("s")] == ["a", "b", "c"]
+
+
+def test_status_and_streams_are_dicts(daemon):
+    c = daemon.client()
+    c.publish("one", ["x"])
+    status = c.status()
+    assert status["socket"] == str(daemon.socket)
+    assert status["streams"] == 1
+    streams = c.streams()
+    assert [(s["name"], s["first_seq"], s["last_seq"], s["frames"]) for s in streams] == [
+        ("one", 1, 1, 1)
+    ]
+
+
+def test_tail_with_a_cursor_file_is_exactly_once_across_a_daemon_kill(daemon, tmp_path):
+    cursor = tmp_path / "pos"
+    c = daemon.client()
+    c.publish("s", ["1", "2", "3"], producer="p")
+    seen = []
+    t = c.tail("s", follow=True, cursor_file=cursor)
+    for _ in range(3):
+        seen.append(next(t).text)
+    daemon.kill9()
+    daemon.start()
+    daemon.client().publish("s", ["4", "5"], producer="q")
+    for _ in range(2):
+        seen.append(next(t).text)
+    t.close()
+    assert seen == ["1", "2", "3", "4", "5"]
+    assert cursor.read_text() == "5\n"
+
+    # A later reader carries on from the cursor file, across another crash.
+    daemon.kill9()
+    daemon.start()
+    c = daemon.client()
+    assert list(c.tail("s", cursor_file=cursor)) == []
+    c.publish("s", ["6"], producer="q2")
+    assert [f.text for f in c.tail("s", cursor_file=cursor)] == ["6"]
+    assert cursor.read_text() == "6\n"
+
+
+def test_a_frame_whose_processing_raised_is_read_again(daemon, tmp_path):
+    cursor = tmp_path / "pos"
+    c = daemon.client()
+    c.publish("s", ["a", "b"])
+    with pytest.raises(RuntimeError):
+        with c.tail("s", cursor_file=cursor) as t:
+            for f in t:
+                if f.text == "b":
+                    raise RuntimeError("failed on b")
+    assert [f.text for f in c.tail("s", cursor_file=cursor)] == ["b"]
+
+
+def test_errors_map_to_exception_classes(daemon, tmp_path):
+    c = daemon.client()
+    with pytest.raises(tether.NotFound):
+        c.tail("missing")
+    nobody = tether.Client(socket=tmp_path / "run" / "nobody.sock", connect_timeout=0.3)
+    with pytest.raises(tether.Unreachable) as e:
+        nobody.status()
+    assert "nobody.sock" in str(e.value)
+    assert issubclass(tether.Unreachable, tether.Error)
+    with pytest.raises(TypeError):
+        c.publish("s", "not a list")

@@ -1,0 +1,74 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import tether
+from conftest import wait_for
+
+WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    import tether
+
+    out = os.environ["OUT"]
+    w = tether.Worker.from_env()
+
+    @w.step("fetch")
+    def fetch():
+        with open(out + "/runs", "a") as f:
+            f.write("ran\\n")
+        return {"issues": [1, 2]}
+
+    @w.step("blob")
+    def blob():
+        return b"\\x00\\x01"
+
+    value = fetch()
+    ck = w.load_checkpoint(schema_version=2)
+    with open(out + "/attempt-" + str(int(w.resumed)), "w") as f:
+        f.write(repr((w.execution_id, value, blob(), ck and ck.json())))
+    w.publish("a line")
+    w.event({"tokens": 1200})
+    if ck is None:
+        w.save_checkpoint({"turn": 7}, schema_version=2)
+        with open(out + "/pid", "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(600)
+    """
+)
+
+
+def test_a_step_is_not_run_again_after_the_worker_is_killed(daemon, tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    run = daemon.tether(
+        "run", "--name", "agent", "--env", f"OUT={out}", "--", sys.executable, str(script)
+    )
+    execution = run.stdout.decode().strip()
+    wait_for(lambda: (out / "pid").exists() and (out / "pid").read_text(), "the first attempt")
+    os.kill(int((out / "pid").read_text()), 9)
+    wait_for(lambda: (out / "attempt-1").exists() and (out / "attempt-1").read_text(), "a resumed attempt")
+
+    assert (out / "runs").read_text() == "ran\n"
+    first = (out / "attempt-0").read_text()
+    assert first == repr((execution, {"issues": [1, 2]}, b"\x00\x01", None))
+    assert (out / "attempt-1").read_text() == repr(
+        (execution, {"issues": [1, 2]}, b"\x00\x01", {"turn": 7})
+    )
+    mine = [
+        (f.kind, f.text)
+        for f in daemon.client().tail(execution)
+        if f.kind == "stdout" or f.text.startswith("{\"tokens")
+    ]
+    assert mine == [("stdout", "a line"), ("event", '{"tokens":1200}')] * 2
+
+
+def test_outside_a_worker_from_env_says_so(monkeypatch):
+    monkeypatch.delenv("TETHER_EXECUTION_ID", raising=False)
+    with pytest.raises(tether.Error, match="TETHER_EXECUTION_ID is not set"):
+        tether.Worker.from_env()

@@ -1,0 +1,129 @@
+"""tether: publish to and read tether streams, and write workers that survive
+restarts (checkpoints, memoised steps).
+
+Everything that speaks to the daemon is the Rust client library, reached
+through the ``tether._native`` extension; this module adds JSON encoding and
+the ``step`` decorator.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Callable, Optional, TypeVar, Union
+
+from ._native import (
+    Checkpoint,
+    Client,
+    Error,
+    Frame,
+    NotFound,
+    ProtocolError,
+    Refused,
+    StorageError,
+    Tail,
+    Unreachable,
+    __version__,
+)
+from ._native import Worker as _NativeWorker
+
+__all__ = [
+    "Checkpoint",
+    "Client",
+    "Error",
+    "Frame",
+    "NotFound",
+    "ProtocolError",
+    "Refused",
+    "StorageError",
+    "Tail",
+    "Unreachable",
+    "Worker",
+    "__version__",
+]
+
+T = TypeVar("T")
+
+
+def _encode(value: Any) -> bytes:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+class Worker:
+    """A program run by ``tether run``: its execution, checkpoints, steps
+    and stream. Get one with ``Worker.from_env()``."""
+
+    def __init__(self, native: _NativeWorker) -> None:
+        self._native = native
+
+    @classmethod
+    def from_env(cls) -> "Worker":
+        """The worker this process runs as; ``tether.Error`` when it was
+        not started by ``tether run``."""
+        return cls(_NativeWorker.from_env())
+
+    @property
+    def execution_id(self) -> str:
+        return self._native.execution_id
+
+    @property
+    def resumed(self) -> bool:
+        """True when this attempt was started from a checkpoint."""
+        return self._native.resumed
+
+    @property
+    def attempt(self) -> Optional[int]:
+        """The attempt number, when the daemon says it (``TETHER_ATTEMPT``)."""
+        return self._native.attempt
+
+    def load_checkpoint(self, schema_version: Optional[int] = None) -> Optional[Checkpoint]:
+        """The newest checkpoint, or None when there is none. With
+        ``schema_version``, a newest checkpoint of another version raises
+        ``tether.Error``."""
+        return self._native.load_checkpoint(schema_version)
+
+    def save_checkpoint(self, data: Any, schema_version: int = 0) -> int:
+        """Saves ``data`` (bytes as they are, anything else as JSON) as the
+        newest checkpoint. Returns its id once it is durable."""
+        return self._native.save_checkpoint(_encode(data), schema_version)
+
+    def step(self, name: str, raw: bool = False) -> Callable[[Callable[[], T]], Callable[[], T]]:
+        """Decorator: the function runs until one run of it is recorded for
+        this execution; after that, calls return the recorded result.
+
+        The result is recorded as JSON, or as it is when it is bytes. It is
+        read back as JSON when it parses as JSON and as bytes otherwise;
+        ``raw=True`` always reads it back as bytes. Every call returns the
+        result that was recorded (the first one recorded wins), so the
+        first run and later replays return the same thing.
+        """
+
+        def decorate(fn: Callable[[], T]) -> Callable[[], T]:
+            @functools.wraps(fn)
+            def run() -> Any:
+                recorded = self._native.step_get(name)
+                if recorded is None:
+                    recorded = self._native.step_put(name, _encode(fn()))
+                return recorded if raw else _decode_step(recorded)
+
+            return run
+
+        return decorate
+
+    def publish(self, line: Union[str, bytes]) -> None:
+        """Appends one line (kind ``stdout``) to the execution's stream;
+        durable when this returns."""
+        self._native.emit("stdout", line.encode() if isinstance(line, str) else bytes(line))
+
+    def event(self, data: dict) -> None:
+        """Appends ``data`` as one JSON frame of kind ``event``."""
+        self._native.emit("event", _encode(data))
+
+
+def _decode_step(recorded: bytes) -> Any:
+    try:
+        return json.loads(recorded)
+    except ValueError:
+        return recorded
