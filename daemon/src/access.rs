@@ -264,6 +264,9 @@ fn may_be_read(name: &str) -> bool {
             | "CheckpointList"
             | "CheckpointLoad"
             | "StepGet"
+            | "StepList"
+            | "CheckpointLoadFull"
+            | "CheckpointListFull"
             | "Subscribe"
             | "DurableResume"
     )
@@ -279,6 +282,8 @@ pub fn is_control(request: &Request) -> bool {
             | Request::Stop { .. }
             | Request::CheckpointSave(_)
             | Request::StepPut { .. }
+            | Request::StepClear { .. }
+            | Request::CheckpointSaveFull(_)
             | Request::Append(_)
             | Request::DurableAck(_)
     )
@@ -462,8 +467,39 @@ mod tests {
         };
         assert_eq!(reader.permits_kind(stop.kind()), reader.permits(&stop));
         assert!(reader.permits_kind(Request::APPEND_KIND).is_err());
-        for read in [Request::Status, Request::ListStreams] {
+        let execution = || "e".to_owned();
+        for read in [
+            Request::Status,
+            Request::ListStreams,
+            Request::StepList {
+                execution: execution(),
+            },
+            Request::CheckpointLoadFull {
+                execution: execution(),
+                schema_version: None,
+            },
+            Request::CheckpointListFull {
+                execution: execution(),
+            },
+        ] {
             assert_eq!(reader.permits_kind(read.kind()), Ok(()));
+            assert_eq!(reader.permits(&read), Ok(()));
+        }
+        let clear = Request::StepClear {
+            execution: execution(),
+            steps: vec![],
+            all: true,
+        };
+        let save = Request::CheckpointSaveFull(tether_protocol::CheckpointSaveFull {
+            execution: execution(),
+            schema_version: 1,
+            data: Default::default(),
+            user_meta: vec![],
+            force: false,
+        });
+        for write in [clear, save] {
+            assert!(reader.permits_kind(write.kind()).is_err(), "{write:?}");
+            assert!(reader.permits(&write).is_err(), "{write:?}");
         }
         // Whether a subscription is a read depends on its fields.
         assert_eq!(reader.permits_kind(2), Ok(()));

@@ -8,6 +8,12 @@
 //! checkpoints beyond the newest N. Durable steps live in the `steps`
 //! table beside them; their values are the worker's bytes as given.
 //!
+//! Metadata a user keeps with a checkpoint (`--meta K=V`) follows the
+//! record as a [`Trailer`] with a CRC-32 of its own. A record without
+//! metadata has no trailer, so its bytes are those of a build that knew
+//! no metadata: such records, old or new, read as having none, and an
+//! older build reading a newer record ignores the trailer.
+//!
 //! Every record carries a CRC-32 over its header fields and its data. A
 //! record whose checksum does not match (or that does not decode at all) is
 //! *invalid*: it is listed with `valid: false`, skipped with a warning when
@@ -32,7 +38,7 @@
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tether_protocol::{Checkpoint, CheckpointMeta, CheckpointRef};
+use tether_protocol::{Checkpoint, CheckpointFull, CheckpointMeta, CheckpointRef, UserMeta};
 
 use crate::{Error, Result};
 
@@ -105,12 +111,37 @@ pub fn record_checksum(schema_version: u32, created_micros: u64, seq: u64, data:
         .finish()
 }
 
-/// The stored form of a new checkpoint, with its checksum.
+/// What follows a record that has user metadata.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct Trailer {
+    user_meta: UserMeta,
+    /// [`trailer_checksum`] of `user_meta`.
+    checksum: u32,
+}
+
+/// CRC-32 over the metadata's keys and values, each preceded by its
+/// length (little endian), so that moving bytes from a key to a value is
+/// caught.
+fn trailer_checksum(user_meta: &UserMeta) -> u32 {
+    let mut crc = Crc32::new();
+    for (key, value) in user_meta {
+        crc = crc
+            .update(&(key.len() as u64).to_le_bytes())
+            .update(key.as_bytes())
+            .update(&(value.len() as u64).to_le_bytes())
+            .update(value.as_bytes());
+    }
+    crc.finish()
+}
+
+/// The stored form of a new checkpoint, with its checksum, and its user
+/// metadata (if any) in a trailer.
 pub fn encode_record(
     schema_version: u32,
     created_micros: u64,
     seq: u64,
     data: &[u8],
+    user_meta: &UserMeta,
 ) -> Result<Vec<u8>> {
     let record = Record {
         schema_version,
@@ -121,18 +152,47 @@ pub fn encode_record(
     };
     // Room for the header's varints, so that the data is copied once.
     let buf = Vec::with_capacity(data.len() + 32);
-    postcard::to_extend(&record, buf).map_err(|e| Error::storage("cannot encode a checkpoint", e))
+    let buf = postcard::to_extend(&record, buf)
+        .map_err(|e| Error::storage("cannot encode a checkpoint", e))?;
+    if user_meta.is_empty() {
+        return Ok(buf);
+    }
+    let trailer = Trailer {
+        user_meta: user_meta.clone(),
+        checksum: trailer_checksum(user_meta),
+    };
+    postcard::to_extend(&trailer, buf)
+        .map_err(|e| Error::storage("cannot encode a checkpoint's metadata", e))
 }
 
 /// Decodes a stored record; `None` when it does not even decode.
 pub fn decode_record(bytes: &[u8]) -> Option<Record<'_>> {
-    postcard::from_bytes(bytes).ok()
+    postcard::take_from_bytes(bytes)
+        .ok()
+        .map(|(record, _)| record)
+}
+
+/// The user metadata after a record: empty when there is no trailer,
+/// `None` when there is one that does not decode or check.
+fn decode_trailer(bytes: &[u8]) -> Option<UserMeta> {
+    let (_, rest) = postcard::take_from_bytes::<Record<'_>>(bytes).ok()?;
+    if rest.is_empty() {
+        return Some(UserMeta::new());
+    }
+    match postcard::take_from_bytes::<Trailer>(rest) {
+        Ok((trailer, [])) if trailer.checksum == trailer_checksum(&trailer.user_meta) => {
+            Some(trailer.user_meta)
+        }
+        _ => None,
+    }
 }
 
 /// What one stored record is: its listing, and its data when it is valid.
 #[derive(Debug)]
 pub struct Inspected<'a> {
     pub meta: CheckpointMeta,
+    /// What was saved with `--meta`; empty for an invalid record.
+    pub user_meta: UserMeta,
     /// `Some` exactly when `meta.valid`.
     pub data: Option<&'a [u8]>,
 }
@@ -150,16 +210,19 @@ pub fn inspect(id: u64, bytes: &[u8]) -> Inspected<'_> {
                 created_micros: 0,
                 valid: false,
             },
+            user_meta: UserMeta::new(),
             data: None,
         };
     };
-    let valid = record.checksum
-        == record_checksum(
-            record.schema_version,
-            record.created_micros,
-            record.seq,
-            record.data,
-        );
+    let trailer = decode_trailer(bytes);
+    let valid = trailer.is_some()
+        && record.checksum
+            == record_checksum(
+                record.schema_version,
+                record.created_micros,
+                record.seq,
+                record.data,
+            );
     Inspected {
         meta: CheckpointMeta {
             id,
@@ -169,6 +232,7 @@ pub fn inspect(id: u64, bytes: &[u8]) -> Inspected<'_> {
             created_micros: record.created_micros,
             valid,
         },
+        user_meta: trailer.filter(|_| valid).unwrap_or_default(),
         data: valid.then_some(record.data),
     }
 }
@@ -195,6 +259,30 @@ pub fn loadable(execution: &str, id: u64, bytes: &[u8]) -> Option<Checkpoint> {
             None
         }
     }
+}
+
+/// [`loadable`] with the user metadata, when the record is valid and of
+/// `schema_version` if one is asked for. A record of another version is
+/// passed over in silence; an invalid one is logged.
+pub fn loadable_full(
+    execution: &str,
+    id: u64,
+    bytes: &[u8],
+    schema_version: Option<u32>,
+) -> Option<CheckpointFull> {
+    let inspected = inspect(id, bytes);
+    let Some(data) = inspected.data else {
+        warn_invalid(execution, id);
+        return None;
+    };
+    if schema_version.is_some_and(|v| v != inspected.meta.schema_version) {
+        return None;
+    }
+    Some(CheckpointFull {
+        meta: inspected.meta,
+        user_meta: inspected.user_meta,
+        data: Bytes::copy_from_slice(data),
+    })
 }
 
 /// What `ps` shows of a valid checkpoint.
@@ -288,7 +376,7 @@ mod tests {
 
     #[test]
     fn a_record_round_trips_and_is_valid() {
-        let bytes = encode_record(3, 1_700_000_000_000_000, 42, b"state").unwrap();
+        let bytes = encode_record(3, 1_700_000_000_000_000, 42, b"state", &vec![]).unwrap();
         let record = decode_record(&bytes).unwrap();
         assert_eq!(record.schema_version, 3);
         assert_eq!(record.seq, 42);
@@ -302,7 +390,7 @@ mod tests {
 
     #[test]
     fn the_record_format_is_frozen() {
-        let bytes = encode_record(1, 2, 3, b"ab").unwrap();
+        let bytes = encode_record(1, 2, 3, b"ab", &vec![]).unwrap();
         let checksum = record_checksum(1, 2, 3, b"ab").to_le_bytes();
         // schema 1, checksum as a varint, created 2, seq 3, len 2, "ab".
         let mut expected = vec![1];
@@ -313,16 +401,44 @@ mod tests {
 
     #[test]
     fn a_flipped_byte_anywhere_makes_the_record_invalid() {
-        let bytes = encode_record(2, 99, 5, b"some checkpoint data").unwrap();
+        let meta = vec![("model".to_owned(), "m1".to_owned())];
+        for bytes in [
+            encode_record(2, 99, 5, b"some checkpoint data", &vec![]).unwrap(),
+            encode_record(2, 99, 5, b"some checkpoint data", &meta).unwrap(),
+        ] {
+            a_flipped_byte_anywhere_makes_invalid(&bytes);
+        }
+    }
+
+    fn a_flipped_byte_anywhere_makes_invalid(bytes: &[u8]) {
         for i in 0..bytes.len() {
-            let mut damaged = bytes.clone();
+            let mut damaged = bytes.to_vec();
             damaged[i] ^= 0x01;
             let inspected = inspect(1, &damaged);
             assert!(!inspected.meta.valid, "byte {i} flipped went unnoticed");
             assert_eq!(inspected.data, None);
         }
-        assert!(loadable("x", 1, &bytes).is_some());
+        assert!(loadable("x", 1, bytes).is_some());
         assert!(loadable("x", 1, &bytes[..bytes.len() - 1]).is_none());
+    }
+
+    #[test]
+    fn user_metadata_rides_in_a_trailer_that_old_records_lack() {
+        let meta = vec![
+            ("model".to_owned(), "m1".to_owned()),
+            ("k".to_owned(), "v=w".to_owned()),
+        ];
+        let plain = encode_record(2, 99, 5, b"data", &vec![]).unwrap();
+        let with = encode_record(2, 99, 5, b"data", &meta).unwrap();
+        assert!(with.starts_with(&plain), "the trailer only follows");
+        assert_eq!(inspect(1, &plain).user_meta, UserMeta::new());
+        let inspected = inspect(1, &with);
+        assert!(inspected.meta.valid);
+        assert_eq!(inspected.user_meta, meta);
+        let full = loadable_full("x", 1, &with, Some(2)).unwrap();
+        assert_eq!((full.user_meta, &full.data[..]), (meta, &b"data"[..]));
+        assert!(loadable_full("x", 1, &with, Some(3)).is_none());
+        assert!(loadable_full("x", 1, &with, None).is_some());
     }
 
     #[test]

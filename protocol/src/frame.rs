@@ -162,6 +162,34 @@ pub enum Request {
     /// the daemon joins the pieces, in order, in front of the save's own
     /// `data`. Not answered; the save is.
     CheckpointSavePart(Bytes),
+    /// Ask for the durable steps recorded for an execution, in name order.
+    /// Answered with [`Response::Steps`], after [`Response::StepsPart`]s
+    /// when the list does not fit in one message.
+    StepList { execution: String },
+    /// Forget recorded step results: those named, or every one with `all`.
+    /// Answered with [`Response::StepsCleared`] once durable.
+    StepClear {
+        execution: String,
+        steps: Vec<String>,
+        all: bool,
+    },
+    /// [`Request::CheckpointSave`] with metadata kept beside the data, and
+    /// refused for an execution that has ended unless `force` is set. May
+    /// follow [`Request::CheckpointSavePart`]s as a save does. Answered
+    /// with [`Response::CheckpointSaved`] once durable.
+    CheckpointSaveFull(CheckpointSaveFull),
+    /// Ask for the newest valid checkpoint, of exactly `schema_version`
+    /// when one is given, with its metadata. Answered with
+    /// [`Response::CheckpointFull`] (after [`Response::CheckpointPart`]s
+    /// when it does not fit in one message), or `Error` NOT_FOUND.
+    CheckpointLoadFull {
+        execution: String,
+        schema_version: Option<u32>,
+    },
+    /// [`Request::CheckpointList`] with each checkpoint's metadata.
+    /// Answered with [`Response::CheckpointsFull`], after
+    /// [`Response::CheckpointsFullPart`]s when the list does not fit.
+    CheckpointListFull { execution: String },
 }
 
 /// A top-level message of the protocol: an enum whose variant index is the
@@ -177,12 +205,12 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 20;
+    const KINDS: u32 = 25;
 }
 
 impl Message for Response {
     const NAME: &'static str = "response";
-    const KINDS: u32 = 27;
+    const KINDS: u32 = 33;
 }
 
 impl Request {
@@ -213,6 +241,11 @@ impl Request {
             Request::Storage => 17,
             Request::Verify => 18,
             Request::CheckpointSavePart(_) => 19,
+            Request::StepList { .. } => 20,
+            Request::StepClear { .. } => 21,
+            Request::CheckpointSaveFull(_) => 22,
+            Request::CheckpointLoadFull { .. } => 23,
+            Request::CheckpointListFull { .. } => 24,
         }
     }
 
@@ -241,6 +274,11 @@ impl Request {
             "Storage",
             "Verify",
             "CheckpointSavePart",
+            "StepList",
+            "StepClear",
+            "CheckpointSaveFull",
+            "CheckpointLoadFull",
+            "CheckpointListFull",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -268,6 +306,11 @@ impl Request {
             Request::Storage => "Storage",
             Request::Verify => "Verify",
             Request::CheckpointSavePart(_) => "CheckpointSavePart",
+            Request::StepList { .. } => "StepList",
+            Request::StepClear { .. } => "StepClear",
+            Request::CheckpointSaveFull(_) => "CheckpointSaveFull",
+            Request::CheckpointLoadFull { .. } => "CheckpointLoadFull",
+            Request::CheckpointListFull { .. } => "CheckpointListFull",
         }
     }
 }
@@ -468,6 +511,22 @@ pub enum Response {
     /// follows, for a checkpoint too large for one message. The final
     /// `Checkpoint` carries the metadata and the last piece.
     CheckpointPart(Bytes),
+    /// Answer to [`Request::StepList`], in name order.
+    Steps(Vec<StepInfo>),
+    /// A leading part of the answer to [`Request::StepList`]; see
+    /// [`Response::StreamsPart`].
+    StepsPart(Vec<StepInfo>),
+    /// Answer to [`Request::StepClear`]: how many recorded results were
+    /// forgotten.
+    StepsCleared(u64),
+    /// Answer to [`Request::CheckpointLoadFull`]; its data may be preceded
+    /// by [`Response::CheckpointPart`]s, as a `Checkpoint`'s is.
+    CheckpointFull(CheckpointFull),
+    /// Answer to [`Request::CheckpointListFull`], newest first.
+    CheckpointsFull(Vec<CheckpointEntry>),
+    /// A leading part of the answer to [`Request::CheckpointListFull`]; see
+    /// [`Response::StreamsPart`].
+    CheckpointsFullPart(Vec<CheckpointEntry>),
 }
 
 impl Response {
@@ -506,6 +565,12 @@ impl Response {
             Response::ExecutionsPart(_) => "ExecutionsPart",
             Response::CheckpointsPart(_) => "CheckpointsPart",
             Response::CheckpointPart(_) => "CheckpointPart",
+            Response::Steps(_) => "Steps",
+            Response::StepsPart(_) => "StepsPart",
+            Response::StepsCleared(_) => "StepsCleared",
+            Response::CheckpointFull(_) => "CheckpointFull",
+            Response::CheckpointsFull(_) => "CheckpointsFull",
+            Response::CheckpointsFullPart(_) => "CheckpointsFullPart",
         }
     }
 }
@@ -888,6 +953,48 @@ pub struct CheckpointMeta {
 pub struct Checkpoint {
     pub meta: CheckpointMeta,
     pub data: Bytes,
+}
+
+/// Metadata a user keeps with a checkpoint (`--meta K=V`), in the order
+/// given. The daemon only stores it.
+pub type UserMeta = Vec<(String, String)>;
+
+/// See [`Request::CheckpointSaveFull`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointSaveFull {
+    pub execution: String,
+    pub schema_version: u32,
+    pub data: Bytes,
+    pub user_meta: UserMeta,
+    /// Save even when the execution has ended (to mend state before it is
+    /// resumed).
+    pub force: bool,
+}
+
+/// A checkpoint as listed, with its [`UserMeta`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointEntry {
+    pub meta: CheckpointMeta,
+    pub user_meta: UserMeta,
+}
+
+/// A valid checkpoint with its [`UserMeta`] and its data.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointFull {
+    pub meta: CheckpointMeta,
+    pub user_meta: UserMeta,
+    pub data: Bytes,
+}
+
+/// One recorded durable step, as listed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StepInfo {
+    pub name: String,
+    /// The result's length in bytes.
+    pub size: u64,
+    /// When it was recorded, microseconds since the Unix epoch; 0 when the
+    /// store that recorded it kept no time.
+    pub recorded_micros: u64,
 }
 
 /// Checks a stream, producer or consumer name: 1 to [`MAX_NAME_LEN`] bytes,

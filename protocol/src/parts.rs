@@ -1,9 +1,11 @@
 //! Answers in several messages. The daemon never sends a message over its
 //! maximum size, so a list too long for one message goes as leading parts
-//! (`StreamsPart`, `ExecutionsPart`, `CheckpointsPart`) followed by the
+//! (`StreamsPart`, `ExecutionsPart`, `CheckpointsPart`, `StepsPart`,
+//! `CheckpointsFullPart`) followed by the
 //! usual final answer (`Streams`, ...) with the rest, and a checkpoint too
 //! large for one message as `CheckpointPart` pieces of its data followed by
-//! the `Checkpoint` with its metadata and the last piece. [`Joiner`] puts
+//! the `Checkpoint` (or `CheckpointFull`) with its metadata and the last
+//! piece. [`Joiner`] puts
 //! such an answer back together, so that a reader sees one `Streams` (or
 //! `Checkpoint`) whatever its size.
 //!
@@ -50,7 +52,19 @@ impl Joiner {
                 checkpoint.data = concat(std::mem::take(&mut self.pieces));
                 Checkpoint(checkpoint)
             }
-            (None, part @ (StreamsPart(_) | ExecutionsPart(_) | CheckpointsPart(_))) => {
+            (None, CheckpointFull(mut checkpoint)) if !self.pieces.is_empty() => {
+                self.pieces.push(checkpoint.data);
+                checkpoint.data = concat(std::mem::take(&mut self.pieces));
+                CheckpointFull(checkpoint)
+            }
+            (
+                None,
+                part @ (StreamsPart(_)
+                | ExecutionsPart(_)
+                | CheckpointsPart(_)
+                | StepsPart(_)
+                | CheckpointsFullPart(_)),
+            ) => {
                 self.gathered = Some(part);
                 return Ok(None);
             }
@@ -75,6 +89,24 @@ impl Joiner {
                 all.extend(more);
                 self.gathered = Some(CheckpointsPart(all));
                 return Ok(None);
+            }
+            (Some(StepsPart(mut all)), StepsPart(more)) => {
+                all.extend(more);
+                self.gathered = Some(StepsPart(all));
+                return Ok(None);
+            }
+            (Some(CheckpointsFullPart(mut all)), CheckpointsFullPart(more)) => {
+                all.extend(more);
+                self.gathered = Some(CheckpointsFullPart(all));
+                return Ok(None);
+            }
+            (Some(StepsPart(mut all)), Steps(rest)) => {
+                all.extend(rest);
+                Steps(all)
+            }
+            (Some(CheckpointsFullPart(mut all)), CheckpointsFull(rest)) => {
+                all.extend(rest);
+                CheckpointsFull(all)
             }
             (Some(StreamsPart(mut all)), Streams(rest)) => {
                 all.extend(rest);

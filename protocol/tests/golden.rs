@@ -26,7 +26,9 @@ use tether_protocol::{
     ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Message, Request, Response,
     ServerCodec, StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed, PROTOCOL_VERSION,
 };
-use tether_protocol::{Checkpoint, CheckpointMeta, CheckpointSave};
+use tether_protocol::{
+    Checkpoint, CheckpointFull, CheckpointMeta, CheckpointSave, CheckpointSaveFull, StepInfo,
+};
 use tether_protocol::{
     CheckpointRef, ExecState, ExecutionInfo, ExitStatus, RestartPolicy, RunSpec, ShimHello,
     StorageFault, StorageState, WorkerExited,
@@ -187,6 +189,43 @@ fn request_fixtures() -> Vec<(Request, &'static str)> {
         (
             Request::CheckpointSavePart(Bytes::from_static(b"{}")),
             "00000004 13 027b7d",
+        ),
+        (
+            Request::StepList {
+                execution: "e1".into(),
+            },
+            "00000004 14 026531",
+        ),
+        (
+            Request::StepClear {
+                execution: "e1".into(),
+                steps: vec!["s".into()],
+                all: false,
+            },
+            "00000008 15 026531 01 0173 00",
+        ),
+        (
+            Request::CheckpointSaveFull(CheckpointSaveFull {
+                execution: "e1".into(),
+                schema_version: 2,
+                data: Bytes::from_static(b"{}"),
+                user_meta: vec![("k".into(), "v".into())],
+                force: true,
+            }),
+            "0000000e 16 026531 02 027b7d 01 016b 0176 01",
+        ),
+        (
+            Request::CheckpointLoadFull {
+                execution: "e1".into(),
+                schema_version: Some(2),
+            },
+            "00000006 17 026531 01 02",
+        ),
+        (
+            Request::CheckpointListFull {
+                execution: "e1".into(),
+            },
+            "00000004 18 026531",
         ),
     ]
 }
@@ -411,6 +450,33 @@ fn response_fixtures() -> Vec<(Response, &'static str)> {
             Response::CheckpointPart(Bytes::from_static(b"{}")),
             "00000004 1a 027b7d",
         ),
+        (
+            Response::Steps(vec![StepInfo {
+                name: "s".into(),
+                size: 1,
+                recorded_micros: 300,
+            }]),
+            "00000007 1b 01 0173 01 ac02",
+        ),
+        (Response::StepsPart(vec![]), "00000002 1c 00"),
+        (Response::StepsCleared(2), "00000002 1d 02"),
+        (
+            Response::CheckpointFull(CheckpointFull {
+                meta: CheckpointMeta {
+                    id: 1,
+                    seq: 2,
+                    schema_version: 3,
+                    size: 2,
+                    created_micros: 4,
+                    valid: true,
+                },
+                user_meta: vec![("k".into(), "v".into())],
+                data: Bytes::from_static(b"{}"),
+            }),
+            "0000000f 1e 01 02 03 02 04 01 01 016b 0176 027b7d",
+        ),
+        (Response::CheckpointsFull(vec![]), "00000002 1f 00"),
+        (Response::CheckpointsFullPart(vec![]), "00000002 20 00"),
     ]
 }
 
@@ -439,10 +505,15 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::Storage => "Storage",
         Request::Verify => "Verify",
         Request::CheckpointSavePart(_) => "CheckpointSavePart",
+        Request::StepList { .. } => "StepList",
+        Request::StepClear { .. } => "StepClear",
+        Request::CheckpointSaveFull(_) => "CheckpointSaveFull",
+        Request::CheckpointLoadFull { .. } => "CheckpointLoadFull",
+        Request::CheckpointListFull { .. } => "CheckpointListFull",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 20] = [
+const ALL_REQUEST_VARIANTS: [&str; 25] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -463,6 +534,11 @@ const ALL_REQUEST_VARIANTS: [&str; 20] = [
     "Storage",
     "Verify",
     "CheckpointSavePart",
+    "StepList",
+    "StepClear",
+    "CheckpointSaveFull",
+    "CheckpointLoadFull",
+    "CheckpointListFull",
 ];
 
 /// See [`request_variant`].
@@ -495,10 +571,16 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::ExecutionsPart(_) => "ExecutionsPart",
         Response::CheckpointsPart(_) => "CheckpointsPart",
         Response::CheckpointPart(_) => "CheckpointPart",
+        Response::Steps(_) => "Steps",
+        Response::StepsPart(_) => "StepsPart",
+        Response::StepsCleared(_) => "StepsCleared",
+        Response::CheckpointFull(_) => "CheckpointFull",
+        Response::CheckpointsFull(_) => "CheckpointsFull",
+        Response::CheckpointsFullPart(_) => "CheckpointsFullPart",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 27] = [
+const ALL_RESPONSE_VARIANTS: [&str; 33] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -526,6 +608,12 @@ const ALL_RESPONSE_VARIANTS: [&str; 27] = [
     "ExecutionsPart",
     "CheckpointsPart",
     "CheckpointPart",
+    "Steps",
+    "StepsPart",
+    "StepsCleared",
+    "CheckpointFull",
+    "CheckpointsFull",
+    "CheckpointsFullPart",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {

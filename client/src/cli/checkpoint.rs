@@ -1,16 +1,22 @@
 //! `tether checkpoint save | load | list`: checkpoints from the command
 //! line, for workers written in any language.
 //!
-//! * `save [--execution ID] [--schema-version V]` stores stdin as the
-//!   execution's newest checkpoint and exits 0 only once it is durable. It
-//!   prints nothing (a worker's stdout becomes frames of its stream), or the
-//!   stored checkpoint as a JSON object with `--json`.
-//! * `load [--execution ID]` writes the newest valid checkpoint's bytes,
-//!   exactly as saved, to stdout; exit 3 when there is none.
+//! * `save [--execution ID] [--schema-version V] [--meta K=V]... [--force]`
+//!   stores stdin as the execution's newest checkpoint, with the metadata,
+//!   and exits 0 only once it is durable. It prints nothing (a worker's
+//!   stdout becomes frames of its stream), or the stored checkpoint as a
+//!   JSON object with `--json`. Saving to an execution that has ended
+//!   exits 1 unless `--force`.
+//! * `load [--execution ID] [--schema-version V]` writes the newest valid
+//!   checkpoint's bytes (of exactly that version, if given), as saved, to
+//!   stdout; `--json` prints one object with `id`, `seq`,
+//!   `schema_version`, `ts`, `meta` and `payload` (or `payload_b64`). When
+//!   there is none: exit 3 and the one line `no checkpoint for ID`.
 //! * `list ID` shows the checkpoints kept for the execution, newest first:
-//!   ID, SEQ, SCHEMA, SIZE, CREATED (RFC 3339) and VALID. `--json` prints
-//!   one object per checkpoint with `id`, `seq`, `schema_version`, `size`,
-//!   `created` and `valid`.
+//!   ID, SEQ, SCHEMA, SIZE, CREATED (RFC 3339), VALID and META (`k=v`
+//!   pairs, comma separated; `-` for none). `--json` prints one object per checkpoint
+//!   with `id`, `seq`, `schema_version`, `size`, `created`, `valid` and
+//!   `meta`.
 //!
 //! `--execution` defaults to `$TETHER_EXECUTION_ID`, which tether sets for
 //! every worker; with neither, `save` and `load` are usage errors (exit 2).
@@ -21,14 +27,16 @@ use bytes::Bytes;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use tether::conn::{Connector, Link};
+use tether::error::{EXIT_NOT_FOUND, EXIT_OK};
 use tether::time::Rfc3339;
-use tether::worker::{
-    listed, load_request, loaded, refused_as_too_large, save_request, save_requests_in_parts,
-    saved, ENV_EXECUTION,
-};
+use tether::worker::{refused_as_too_large, saved, ENV_EXECUTION, SAVE_PIECE_LEN};
 use tether::{Error, Result};
-use tether_protocol::{CheckpointMeta, Request, Response};
+use tether_protocol::{
+    CheckpointEntry, CheckpointFull, CheckpointMeta, CheckpointSaveFull, ErrorCode, Request,
+    Response, UserMeta,
+};
 
+use super::output::base64;
 use super::{table, write_stdout, Context};
 
 /// Arguments of `tether checkpoint`.
@@ -58,6 +66,15 @@ struct SaveArgs {
     /// The format version of the data, the worker's own; stored with it.
     #[arg(long, value_name = "V", default_value_t = 1)]
     schema_version: u32,
+
+    /// Metadata kept with the checkpoint (repeatable).
+    #[arg(long = "meta", value_name = "K=V", value_parser = meta_pair)]
+    meta: Vec<(String, String)>,
+
+    /// Save even when the execution has ended (to mend state before a
+    /// resume).
+    #[arg(long)]
+    force: bool,
 }
 
 /// Arguments of `tether checkpoint load`.
@@ -66,6 +83,10 @@ struct LoadArgs {
     /// The execution [default: $TETHER_EXECUTION_ID]
     #[arg(long, value_name = "ID")]
     execution: Option<String>,
+
+    /// Load the newest checkpoint of exactly this schema version.
+    #[arg(long, value_name = "V")]
+    schema_version: Option<u32>,
 }
 
 /// Arguments of `tether checkpoint list`.
@@ -76,24 +97,38 @@ struct ListArgs {
     id: String,
 }
 
-/// Runs `tether checkpoint ...`.
-pub async fn run(ctx: &Context, args: CheckpointArgs) -> Result<()> {
+/// Runs `tether checkpoint ...`; returns the exit code.
+pub async fn run(ctx: &Context, args: CheckpointArgs) -> Result<u8> {
     let env = std::env::var(ENV_EXECUTION).ok();
     match args.command {
         CheckpointCommand::Save(args) => {
-            let execution = execution(args.execution, env)?;
-            save(ctx, &execution, args.schema_version).await
+            let save = CheckpointSaveFull {
+                execution: execution(args.execution, env)?,
+                schema_version: args.schema_version,
+                data: read_stdin()?,
+                user_meta: args.meta,
+                force: args.force,
+            };
+            save_full(ctx, save).await.map(|()| EXIT_OK)
         }
         CheckpointCommand::Load(args) => {
             let execution = execution(args.execution, env)?;
-            load(ctx, &execution).await
+            load(ctx, &execution, args.schema_version).await
         }
-        CheckpointCommand::List(args) => list(ctx, &args.id).await,
+        CheckpointCommand::List(args) => list(ctx, &args.id).await.map(|()| EXIT_OK),
+    }
+}
+
+/// Parses `K=V` (the value may hold `=`; the key may not be empty).
+fn meta_pair(s: &str) -> std::result::Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("expected K=V, got {s:?}")),
     }
 }
 
 /// The execution named by the flag, else by the environment.
-fn execution(flag: Option<String>, env: Option<String>) -> Result<String> {
+pub(super) fn execution(flag: Option<String>, env: Option<String>) -> Result<String> {
     flag.or(env.filter(|v| !v.is_empty())).ok_or_else(|| {
         Error::Usage(format!(
             "no execution given: pass --execution ID, or set {ENV_EXECUTION} \
@@ -102,15 +137,14 @@ fn execution(flag: Option<String>, env: Option<String>) -> Result<String> {
     })
 }
 
-async fn save(ctx: &Context, execution: &str, schema_version: u32) -> Result<()> {
-    let data = read_stdin()?;
+async fn save_full(ctx: &Context, save: CheckpointSaveFull) -> Result<()> {
     // A save is retried on a new session if the answer is lost; at worst
     // the same data is then stored as two checkpoints.
     let connector = ctx.connector("checkpoint save");
-    let request = save_request(execution, schema_version, data.clone());
+    let request = Request::CheckpointSaveFull(save.clone());
     let response = match connector.request(&request).await {
         Err(e) if refused_as_too_large(&e) => {
-            let (leading, last) = save_requests_in_parts(execution, schema_version, data);
+            let (leading, last) = in_parts(save);
             save_in_parts(&connector, &leading, &last).await?
         }
         answer => answer?,
@@ -120,6 +154,18 @@ async fn save(ctx: &Context, execution: &str, schema_version: u32) -> Result<()>
         write_stdout(json_line(&meta)?.as_bytes())?;
     }
     Ok(())
+}
+
+/// A save as `CheckpointSavePart`s of its leading data and the save with
+/// the rest, for a daemon whose maximum message size it exceeds.
+fn in_parts(mut save: CheckpointSaveFull) -> (Vec<Request>, Request) {
+    let mut leading = Vec::with_capacity(save.data.len() / SAVE_PIECE_LEN);
+    while save.data.len() > SAVE_PIECE_LEN {
+        leading.push(Request::CheckpointSavePart(
+            save.data.split_to(SAVE_PIECE_LEN),
+        ));
+    }
+    (leading, Request::CheckpointSaveFull(save))
 }
 
 /// Sends a save in pieces on one session, again on a new one if the
@@ -142,25 +188,46 @@ async fn save_in_parts(
     }
 }
 
-async fn load(ctx: &Context, execution: &str) -> Result<()> {
-    let response = ctx
-        .connector("checkpoint load")
-        .request(&load_request(execution))
-        .await?;
-    let checkpoint = loaded(response)?;
-    write_stdout(&checkpoint.data)?;
-    Ok(())
+/// Writes the checkpoint, or says in one line that there is none (exit 3):
+/// a worker asking at its start is expected to find none the first time.
+async fn load(ctx: &Context, execution: &str, schema_version: Option<u32>) -> Result<u8> {
+    let request = Request::CheckpointLoadFull {
+        execution: execution.to_owned(),
+        schema_version,
+    };
+    let checkpoint = match ctx.connector("checkpoint load").request(&request).await {
+        Ok(Response::CheckpointFull(checkpoint)) => checkpoint,
+        Ok(other) => return Err(unexpected("CheckpointFull", &other)),
+        Err(e) if e.daemon_code() == Some(ErrorCode::NOT_FOUND) => {
+            eprintln!("no checkpoint for {execution}");
+            return Ok(EXIT_NOT_FOUND);
+        }
+        Err(e) => return Err(e),
+    };
+    if ctx.json {
+        write_stdout(load_json_line(&checkpoint)?.as_bytes())?;
+    } else {
+        write_stdout(&checkpoint.data)?;
+    }
+    Ok(EXIT_OK)
+}
+
+fn unexpected(wanted: &str, got: &Response) -> Error {
+    Error::Protocol(format!("expected {wanted}, got {}", got.name()))
 }
 
 async fn list(ctx: &Context, execution: &str) -> Result<()> {
-    let request = Request::CheckpointList {
+    let request = Request::CheckpointListFull {
         execution: execution.to_owned(),
     };
-    let list = listed(ctx.connector("checkpoint list").request(&request).await?)?;
+    let list = match ctx.connector("checkpoint list").request(&request).await? {
+        Response::CheckpointsFull(list) => list,
+        other => return Err(unexpected("CheckpointsFull", &other)),
+    };
     let text = if ctx.json {
         let mut text = String::new();
-        for meta in &list {
-            text.push_str(&json_line(meta)?);
+        for entry in &list {
+            text.push_str(&list_json_line(entry)?);
         }
         text
     } else {
@@ -186,10 +253,10 @@ fn read_stdin() -> Result<Bytes> {
 }
 
 /// The table, header first.
-fn render(list: &[CheckpointMeta]) -> String {
-    let header = ["ID", "SEQ", "SCHEMA", "SIZE", "CREATED", "VALID"];
+fn render(list: &[CheckpointEntry]) -> String {
+    let header = ["ID", "SEQ", "SCHEMA", "SIZE", "CREATED", "VALID", "META"];
     let mut rows = vec![header.map(String::from).to_vec()];
-    for meta in list {
+    for CheckpointEntry { meta, user_meta } in list {
         rows.push(vec![
             meta.id.to_string(),
             meta.seq.to_string(),
@@ -197,6 +264,15 @@ fn render(list: &[CheckpointMeta]) -> String {
             meta.size.to_string(),
             Rfc3339(meta.created_micros).to_string(),
             if meta.valid { "yes" } else { "NO" }.to_owned(),
+            if user_meta.is_empty() {
+                "-".to_owned()
+            } else {
+                user_meta
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            },
         ]);
     }
     table::render(&rows)
@@ -210,6 +286,61 @@ struct JsonCheckpoint {
     size: u64,
     created: String,
     valid: bool,
+}
+
+/// User metadata as a JSON object, keys in the order given (a key given
+/// twice keeps its last value).
+fn meta_object(user_meta: &UserMeta) -> serde_json::Map<String, serde_json::Value> {
+    user_meta
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect()
+}
+
+/// A listed checkpoint as a JSON line: [`json_line`]'s fields and `meta`.
+fn list_json_line(entry: &CheckpointEntry) -> Result<String> {
+    let mut value = serde_json::to_value(view(&entry.meta)).map_err(render_error)?;
+    if let Some(object) = value.as_object_mut() {
+        object.insert("meta".into(), meta_object(&entry.user_meta).into());
+    }
+    line_of(&value)
+}
+
+/// `load --json`: the checkpoint, its metadata and its payload.
+fn load_json_line(checkpoint: &CheckpointFull) -> Result<String> {
+    let meta = &checkpoint.meta;
+    let mut object = serde_json::Map::new();
+    object.insert("id".into(), meta.id.into());
+    object.insert("seq".into(), meta.seq.into());
+    object.insert("schema_version".into(), meta.schema_version.into());
+    object.insert("ts".into(), Rfc3339(meta.created_micros).to_string().into());
+    object.insert("meta".into(), meta_object(&checkpoint.user_meta).into());
+    match std::str::from_utf8(&checkpoint.data) {
+        Ok(text) => object.insert("payload".into(), text.into()),
+        Err(_) => object.insert("payload_b64".into(), base64(&checkpoint.data).into()),
+    };
+    line_of(&serde_json::Value::Object(object))
+}
+
+fn render_error(e: serde_json::Error) -> Error {
+    Error::Protocol(format!("cannot render a checkpoint: {e}"))
+}
+
+fn line_of(value: &serde_json::Value) -> Result<String> {
+    let mut line = serde_json::to_string(value).map_err(render_error)?;
+    line.push('\n');
+    Ok(line)
+}
+
+fn view(meta: &CheckpointMeta) -> JsonCheckpoint {
+    JsonCheckpoint {
+        id: meta.id,
+        seq: meta.seq,
+        schema_version: meta.schema_version,
+        size: meta.size,
+        created: Rfc3339(meta.created_micros).to_string(),
+        valid: meta.valid,
+    }
 }
 
 /// One checkpoint's metadata as a JSON line (with its newline).
@@ -259,10 +390,19 @@ mod tests {
     #[test]
     fn the_table_shows_every_column_and_flags_invalid_checkpoints() {
         assert_eq!(
-            render(&[meta(2, true), meta(1, false)]),
-            "ID  SEQ  SCHEMA  SIZE  CREATED                      VALID\n\
-             2   20   2       1024  2023-11-14T22:13:20.000000Z  yes\n\
-             1   10   2       1024  2023-11-14T22:13:20.000000Z  NO\n"
+            render(&[
+                CheckpointEntry {
+                    meta: meta(2, true),
+                    user_meta: vec![("a".into(), "1".into()), ("b".into(), "x=y".into())],
+                },
+                CheckpointEntry {
+                    meta: meta(1, false),
+                    user_meta: vec![],
+                },
+            ]),
+            "ID  SEQ  SCHEMA  SIZE  CREATED                      VALID  META\n\
+             2   20   2       1024  2023-11-14T22:13:20.000000Z  yes    a=1,b=x=y\n\
+             1   10   2       1024  2023-11-14T22:13:20.000000Z  NO     -\n"
         );
     }
 

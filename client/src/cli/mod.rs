@@ -22,6 +22,7 @@ pub mod ps;
 pub mod publish;
 pub mod run;
 pub mod status;
+pub mod step;
 pub mod stop;
 pub mod streams;
 pub mod table;
@@ -107,6 +108,8 @@ enum Command {
     Stop(stop::StopArgs),
     /// Save, load and list an execution's checkpoints.
     Checkpoint(checkpoint::CheckpointArgs),
+    /// Run, record, show and forget an execution's durable steps.
+    Step(step::StepArgs),
     /// Bridge stdin and stdout to the local daemon's socket (what
     /// --host ssh:// runs on the remote machine).
     DialStdio,
@@ -201,7 +204,8 @@ pub fn main() -> ExitCode {
             Command::Run(args) => run::run(&context, args).await,
             Command::Ps(args) => done(ps::run(&context, args).await),
             Command::Stop(args) => done(stop::run(&context, args).await),
-            Command::Checkpoint(args) => done(checkpoint::run(&context, args).await),
+            Command::Checkpoint(args) => checkpoint::run(&context, args).await,
+            Command::Step(args) => step::run(&context, args).await,
             Command::DialStdio => done(dial_stdio::run(&context).await),
         }
     });

@@ -59,7 +59,7 @@ fn push_json(out: &mut Vec<u8>, stream: &str, seq: u64, frame: &Frame) {
 
 /// Standard base64 with padding (RFC 4648, section 4), as JSON tools
 /// decode it by default.
-fn base64(bytes: &[u8]) -> String {
+pub(crate) fn base64(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }

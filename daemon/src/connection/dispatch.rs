@@ -13,14 +13,16 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tether_protocol::{
-    max_payload_len, validate_name, Appended, DurableAck, ErrorCode, Request, Response, ShimHello,
-    StatusInfo, StorageFault, StorageState, WorkerExited, FRAME_ENVELOPE, PROTOCOL_VERSION,
+    max_payload_len, validate_name, Appended, CheckpointSave, CheckpointSaveFull, DurableAck,
+    ErrorCode, Request, Response, ShimHello, StatusInfo, StorageFault, StorageState, WorkerExited,
+    FRAME_ENVELOPE, PROTOCOL_VERSION,
 };
 
 use super::{parts, Refusal, Session};
 use crate::access;
 use crate::engine::{AppendOutcome, AWAKE_FOR};
 use crate::ingest::IngestAppend;
+use crate::supervisor::state;
 use crate::Error;
 
 impl Session {
@@ -229,6 +231,33 @@ impl Session {
                     .await?;
                 self.send_all(vec![Response::StepRecorded(kept)]).await
             }
+            Request::StepList { execution } => {
+                validate_name("execution", &execution)?;
+                let steps = self.shared.queue.list_steps(&execution).await?;
+                self.send_all(parts::steps(steps, self.max_frame_len())?)
+                    .await
+            }
+            Request::StepClear {
+                execution,
+                steps,
+                all,
+            } => {
+                validate_name("execution", &execution)?;
+                let steps = (!all).then_some(steps);
+                let cleared = self.shared.queue.clear_steps(&execution, steps).await?;
+                self.send_all(vec![Response::StepsCleared(cleared)]).await
+            }
+            Request::CheckpointSaveFull(save) => self.save_checkpoint_full(save).await,
+            Request::CheckpointLoadFull {
+                execution,
+                schema_version,
+            } => self.load_checkpoint_full(&execution, schema_version).await,
+            Request::CheckpointListFull { execution } => {
+                validate_name("execution", &execution)?;
+                let list = self.shared.queue.list_checkpoints_full(&execution).await?;
+                self.send_all(parts::checkpoints_full(list, self.max_frame_len())?)
+                    .await
+            }
             Request::Append(_) | Request::DurableAck(_) => Err(Refusal::new(
                 ErrorCode::INTERNAL,
                 "pipelined request reached the control path",
@@ -261,6 +290,78 @@ impl Session {
             None => Err(Refusal::new(
                 ErrorCode::NOT_FOUND,
                 format!("execution {execution} has no valid checkpoint"),
+            )),
+        }
+    }
+
+    /// A save with user metadata, refused for an execution that has ended
+    /// unless forced: a worker's late save after its end is more likely a
+    /// mistake than a repair.
+    async fn save_checkpoint_full(&mut self, save: CheckpointSaveFull) -> Result<(), Refusal> {
+        let CheckpointSaveFull {
+            execution,
+            schema_version,
+            mut data,
+            user_meta,
+            force,
+        } = save;
+        validate_name("execution", &execution)?;
+        if !self.checkpoint_parts.is_empty() {
+            self.gather_checkpoint(&data)?;
+            data = std::mem::take(&mut self.checkpoint_parts).freeze();
+        }
+        if !force {
+            let info = self.shared.supervisor.get(&execution)?;
+            if state::is_final(info.state) {
+                return Err(Refusal::new(
+                    ErrorCode::INVALID_REQUEST,
+                    format!(
+                        "execution {execution} has ended ({}); a checkpoint saved now is \
+                         only used if it is resumed: pass --force to save it anyway",
+                        info.state.as_str()
+                    ),
+                ));
+            }
+        }
+        let save = CheckpointSave {
+            execution,
+            schema_version,
+            data,
+        };
+        let meta = self
+            .shared
+            .queue
+            .save_checkpoint_with(save, user_meta)
+            .await?;
+        self.send_all(vec![Response::CheckpointSaved(meta)]).await
+    }
+
+    /// The newest valid checkpoint (of `schema_version`, if given) with its
+    /// user metadata; having none is `NOT_FOUND`.
+    async fn load_checkpoint_full(
+        &mut self,
+        execution: &str,
+        schema_version: Option<u32>,
+    ) -> Result<(), Refusal> {
+        validate_name("execution", execution)?;
+        let found = self
+            .shared
+            .queue
+            .load_checkpoint_full(execution, schema_version)
+            .await?;
+        match found {
+            Some(checkpoint) => {
+                self.send_all(parts::checkpoint_full(checkpoint, self.max_frame_len())?)
+                    .await
+            }
+            None => Err(Refusal::new(
+                ErrorCode::NOT_FOUND,
+                match schema_version {
+                    Some(v) => format!(
+                        "execution {execution} has no valid checkpoint of schema version {v}"
+                    ),
+                    None => format!("execution {execution} has no valid checkpoint"),
+                },
             )),
         }
     }
@@ -381,8 +482,11 @@ fn check_payloads(batch: &[IngestAppend], max_frame_len: usize) -> Result<(), Re
 fn control_target(request: &Request) -> &str {
     match request {
         Request::Run(spec) => spec.name.as_deref().unwrap_or(""),
-        Request::Stop { execution, .. } | Request::StepPut { execution, .. } => execution,
+        Request::Stop { execution, .. }
+        | Request::StepPut { execution, .. }
+        | Request::StepClear { execution, .. } => execution,
         Request::CheckpointSave(save) => &save.execution,
+        Request::CheckpointSaveFull(save) => &save.execution,
         _ => "",
     }
 }

@@ -11,7 +11,10 @@
 use bytes::Bytes;
 use serde::Serialize;
 use tether_protocol::codec::encoded_len;
-use tether_protocol::{Checkpoint, CheckpointMeta, ExecutionInfo, Response, StreamInfo};
+use tether_protocol::{
+    Checkpoint, CheckpointEntry, CheckpointFull, CheckpointMeta, ExecutionInfo, Response, StepInfo,
+    StreamInfo,
+};
 
 use crate::{Error, Result};
 
@@ -48,6 +51,22 @@ pub(super) fn checkpoints(checkpoints: Vec<CheckpointMeta>, max: usize) -> Resul
     )
 }
 
+/// `entries` (checkpoints with their user metadata) as messages of at
+/// most `max` bytes each.
+pub(super) fn checkpoints_full(entries: Vec<CheckpointEntry>, max: usize) -> Result<Vec<Response>> {
+    split_list(
+        entries,
+        max,
+        Response::CheckpointsFullPart,
+        Response::CheckpointsFull,
+    )
+}
+
+/// `steps` as messages of at most `max` bytes each.
+pub(super) fn steps(steps: Vec<StepInfo>, max: usize) -> Result<Vec<Response>> {
+    split_list(steps, max, Response::StepsPart, Response::Steps)
+}
+
 /// `items` in order, as `part` messages and then one `last` message (which
 /// may be empty), each of at most `max` bytes. An item that does not fit in
 /// a message on its own is refused as too large, naming its size.
@@ -60,6 +79,8 @@ fn split_list<T: Serialize>(
     let what = match part(Vec::new()) {
         Response::StreamsPart(_) => "a stream's entry",
         Response::ExecutionsPart(_) => "an execution's entry",
+        Response::CheckpointsFullPart(_) => "a checkpoint's entry",
+        Response::StepsPart(_) => "a step's entry",
         _ => "an entry of the list",
     };
     let room = max.saturating_sub(LIST_OVERHEAD);
@@ -90,11 +111,39 @@ fn split_list<T: Serialize>(
 /// `CheckpointPart` pieces from the front, then the `Checkpoint` with the
 /// metadata and what is left. The pieces share the checkpoint's buffer.
 pub(super) fn checkpoint(checkpoint: Checkpoint, max: usize) -> Result<Vec<Response>> {
-    let Checkpoint { meta, mut data } = checkpoint;
-    let envelope = encoded_len(&Response::Checkpoint(Checkpoint {
-        meta: meta.clone(),
-        data: Bytes::new(),
-    }))?;
+    let Checkpoint { meta, data } = checkpoint;
+    split_data(data, max, |data| {
+        Response::Checkpoint(Checkpoint {
+            meta: meta.clone(),
+            data,
+        })
+    })
+}
+
+/// [`checkpoint`] for one with its user metadata.
+pub(super) fn checkpoint_full(checkpoint: CheckpointFull, max: usize) -> Result<Vec<Response>> {
+    let CheckpointFull {
+        meta,
+        user_meta,
+        data,
+    } = checkpoint;
+    split_data(data, max, |data| {
+        Response::CheckpointFull(CheckpointFull {
+            meta: meta.clone(),
+            user_meta: user_meta.clone(),
+            data,
+        })
+    })
+}
+
+/// `data` as `CheckpointPart` pieces from the front, then `last` with the
+/// rest: every message of at most `max` bytes.
+fn split_data(
+    mut data: Bytes,
+    max: usize,
+    last: impl Fn(Bytes) -> Response,
+) -> Result<Vec<Response>> {
+    let envelope = encoded_len(&last(Bytes::new()))?;
     // The empty data's length took one byte; a longer one may take five.
     let last_room = max.saturating_sub(envelope + 4);
     let piece_room = max.saturating_sub(DATA_OVERHEAD);
@@ -112,7 +161,7 @@ pub(super) fn checkpoint(checkpoint: Checkpoint, max: usize) -> Result<Vec<Respo
         let piece = data.split_to(piece_room.min(data.len()));
         messages.push(Response::CheckpointPart(piece));
     }
-    messages.push(Response::Checkpoint(Checkpoint { meta, data }));
+    messages.push(last(data));
     Ok(messages)
 }
 

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 use tether_protocol::{
-    validate_name, CheckpointMeta, CheckpointRef, CheckpointSave, Frame, FrameKind,
+    validate_name, CheckpointMeta, CheckpointRef, CheckpointSave, Frame, FrameKind, UserMeta,
 };
 
 use super::answer::Publish;
@@ -100,12 +100,21 @@ impl Writer {
                 events,
                 resume,
             } => self.apply_record(txn, &execution, &manifest, &events, resume, ts, staged),
-            Request::SaveCheckpoint(save) => self.apply_checkpoint(txn, &save, ts, staged),
+            Request::SaveCheckpoint { save, user_meta } => {
+                self.apply_checkpoint(txn, &save, &user_meta, ts, staged)
+            }
             Request::PutStep {
                 execution,
                 step,
                 result,
-            } => self.apply_step(txn, &execution, &step, &result),
+            } => self.apply_step(txn, &execution, &step, &result, ts),
+            Request::ClearSteps { execution, steps } => {
+                if !txn.has_execution(&execution)? {
+                    return Ok(Err(Error::ExecutionNotFound(execution)));
+                }
+                let cleared = txn.clear_steps(&execution, steps.as_deref())?;
+                Ok(Ok(Outcome::Cleared(cleared)))
+            }
             // Separated out by `process`; never part of a transaction.
             Request::Compact | Request::SetRetention(_) => Ok(Ok(Outcome::Done)),
         }
@@ -318,6 +327,7 @@ impl Writer {
         &mut self,
         txn: &mut WriteTxn<'_>,
         save: &CheckpointSave,
+        user_meta: &UserMeta,
         ts: u64,
         staged: &mut Staged,
     ) -> Result<Result<Outcome>> {
@@ -337,7 +347,8 @@ impl Writer {
         // next id is always above every id ever given.
         let id = txn.newest_checkpoint_id(execution)?.map_or(1, |n| n + 1);
         let seq = self.last_seq(execution);
-        let record = checkpoint::encode_record(save.schema_version, ts, seq, &save.data)?;
+        let record =
+            checkpoint::encode_record(save.schema_version, ts, seq, &save.data, user_meta)?;
         txn.put_checkpoint(execution, id, &record)?;
         let keep = self.opts.checkpoint_keep.max(1) as u64;
         if id > keep {
@@ -365,6 +376,7 @@ impl Writer {
         execution: &str,
         step: &str,
         result: &Bytes,
+        ts: u64,
     ) -> Result<Result<Outcome>> {
         let limit = self.opts.max_checkpoint_bytes;
         if result.len() > limit {
@@ -380,7 +392,7 @@ impl Writer {
         if let Some(kept) = txn.step(execution, step)? {
             return Ok(Ok(Outcome::Step(Bytes::from(kept))));
         }
-        txn.put_step(execution, step, result)?;
+        txn.put_step(execution, step, result, ts)?;
         Ok(Ok(Outcome::Step(result.clone())))
     }
 

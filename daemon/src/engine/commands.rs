@@ -3,7 +3,7 @@
 //! budget, and the replies that carry each outcome back to its caller.
 
 use bytes::Bytes;
-use tether_protocol::{CheckpointMeta, CheckpointSave};
+use tether_protocol::{CheckpointMeta, CheckpointSave, UserMeta};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::AppendOutcome;
@@ -40,11 +40,19 @@ pub(super) enum Request {
         /// Also look up and announce what a new attempt resumes from.
         resume: bool,
     },
-    SaveCheckpoint(CheckpointSave),
+    SaveCheckpoint {
+        save: CheckpointSave,
+        user_meta: UserMeta,
+    },
     PutStep {
         execution: String,
         step: String,
         result: Bytes,
+    },
+    /// Forget the named steps, or every one when `steps` is `None`.
+    ClearSteps {
+        execution: String,
+        steps: Option<Vec<String>>,
     },
     Compact,
     /// Handled by the writer without a transaction.
@@ -65,8 +73,9 @@ impl Request {
                 events.len() + 1,
                 manifest.len() + events.iter().map(Bytes::len).sum::<usize>(),
             ),
-            Request::SaveCheckpoint(save) => (1, save.data.len()),
+            Request::SaveCheckpoint { save, .. } => (1, save.data.len()),
             Request::PutStep { result, .. } => (1, result.len()),
+            Request::ClearSteps { .. } => (1, 0),
             Request::Compact | Request::SetRetention(_) => (0, 0),
         }
     }
@@ -80,6 +89,7 @@ pub(super) enum Reply {
     Record(oneshot::Sender<Result<Recorded>>),
     Checkpoint(oneshot::Sender<Result<CheckpointMeta>>),
     Step(oneshot::Sender<Result<Bytes>>),
+    Cleared(oneshot::Sender<Result<u64>>),
     Compact(oneshot::Sender<Result<()>>),
 }
 
@@ -102,6 +112,8 @@ pub(super) enum Outcome {
     Checkpoint(CheckpointMeta),
     /// A durable step's kept result.
     Step(Bytes),
+    /// How many step results were forgotten.
+    Cleared(u64),
     /// An ack or a compaction finished.
     Done,
 }
@@ -126,6 +138,9 @@ impl Reply {
             (Reply::Step(tx), Ok(Outcome::Step(result))) => {
                 let _ = tx.send(Ok(result));
             }
+            (Reply::Cleared(tx), Ok(Outcome::Cleared(n))) => {
+                let _ = tx.send(Ok(n));
+            }
             (Reply::Ack(tx) | Reply::Compact(tx), Ok(Outcome::Done)) => {
                 let _ = tx.send(Ok(()));
             }
@@ -144,6 +159,7 @@ impl Reply {
             Reply::Record(tx) => tx.send(Err(e)).is_ok(),
             Reply::Checkpoint(tx) => tx.send(Err(e)).is_ok(),
             Reply::Step(tx) => tx.send(Err(e)).is_ok(),
+            Reply::Cleared(tx) => tx.send(Err(e)).is_ok(),
             Reply::Ack(tx) | Reply::Compact(tx) => tx.send(Err(e)).is_ok(),
         };
     }

@@ -40,7 +40,10 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tether_protocol::{Checkpoint, CheckpointMeta, CheckpointRef, CheckpointSave, StreamInfo};
+use tether_protocol::{
+    Checkpoint, CheckpointEntry, CheckpointFull, CheckpointMeta, CheckpointRef, CheckpointSave,
+    StepInfo, StreamInfo, UserMeta,
+};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::checkpoint::{self, Resume};
@@ -275,8 +278,52 @@ impl Queue {
     /// unknown execution is [`Error::ExecutionNotFound`], data over
     /// [`QueueOptions::max_checkpoint_bytes`] [`Error::InvalidRequest`].
     pub async fn save_checkpoint(&self, save: CheckpointSave) -> Result<CheckpointMeta> {
-        self.call(Request::SaveCheckpoint(save), Reply::Checkpoint)
-            .await
+        self.save_checkpoint_with(save, UserMeta::new()).await
+    }
+
+    /// [`Queue::save_checkpoint`] with user metadata kept beside the data.
+    pub async fn save_checkpoint_with(
+        &self,
+        save: CheckpointSave,
+        user_meta: UserMeta,
+    ) -> Result<CheckpointMeta> {
+        self.call(
+            Request::SaveCheckpoint { save, user_meta },
+            Reply::Checkpoint,
+        )
+        .await
+    }
+
+    /// The execution's newest valid checkpoint with its user metadata, of
+    /// exactly `schema_version` when one is given. `None` when there is
+    /// none such.
+    pub async fn load_checkpoint_full(
+        &self,
+        execution: &str,
+        schema_version: Option<u32>,
+    ) -> Result<Option<CheckpointFull>> {
+        let execution = execution.to_owned();
+        self.read(move |store| {
+            store.find_checkpoint(&execution, |id, record| {
+                checkpoint::loadable_full(&execution, id, record, schema_version)
+            })
+        })
+        .await
+    }
+
+    /// [`Queue::list_checkpoints`] with each one's user metadata.
+    pub async fn list_checkpoints_full(&self, execution: &str) -> Result<Vec<CheckpointEntry>> {
+        let execution = execution.to_owned();
+        self.read(move |store| {
+            store.map_checkpoints(&execution, |id, record| {
+                let inspected = checkpoint::inspect(id, record);
+                CheckpointEntry {
+                    meta: inspected.meta,
+                    user_meta: inspected.user_meta,
+                }
+            })
+        })
+        .await
     }
 
     /// The execution's newest valid checkpoint; invalid newer ones are
@@ -327,6 +374,28 @@ impl Queue {
             result,
         };
         self.call(request, Reply::Step).await
+    }
+
+    /// The durable steps recorded for the execution, in name order.
+    pub async fn list_steps(&self, execution: &str) -> Result<Vec<StepInfo>> {
+        let execution = execution.to_owned();
+        self.read(move |store| store.list_steps(&execution)).await
+    }
+
+    /// Forgets the named step results of the execution, or all of them
+    /// when `steps` is `None`; resolves once durable with how many were
+    /// recorded.
+    pub async fn clear_steps(&self, execution: &str, steps: Option<Vec<String>>) -> Result<u64> {
+        if let Some(steps) = &steps {
+            for step in steps {
+                checkpoint::validate_step_name(step)?;
+            }
+        }
+        let request = Request::ClearSteps {
+            execution: execution.to_owned(),
+            steps,
+        };
+        self.call(request, Reply::Cleared).await
     }
 
     /// Runs a store read on a blocking thread.

@@ -6,14 +6,14 @@
 use std::sync::atomic::Ordering;
 
 use redb::{Key, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, Value};
-use tether_protocol::{ConsumerInfo, Frame, StreamInfo};
+use tether_protocol::{ConsumerInfo, Frame, StepInfo, StreamInfo};
 
 use super::chunk::{
     chunk_bytes, chunk_holding, corrupt_chunk, corrupt_frame, ChunkIter, FrameSink, StoredFrame,
 };
 use super::schema::{
     lost_through, ProducerState, StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, META,
-    META_NEXT_STREAM_ID, PRODUCERS, STEPS, STREAMS,
+    META_NEXT_STREAM_ID, PRODUCERS, STEPS, STEP_TIMES, STREAMS,
 };
 use super::{guard_db, storage, Store};
 use crate::{Error, Result};
@@ -435,6 +435,42 @@ impl Store {
                 .get((execution, step))
                 .map_err(|e| self.fail(e))?;
             Ok(value.map(|v| v.value().to_vec()))
+        })
+    }
+
+    /// The steps recorded for an execution, in name order. An unknown
+    /// execution is [`Error::ExecutionNotFound`].
+    pub fn list_steps(&self, execution: &str) -> Result<Vec<StepInfo>> {
+        self.read_in(|txn| {
+            self.require_execution(txn, execution)?;
+            let steps = txn.open_table(STEPS).map_err(|e| self.fail(e))?;
+            // A store from before step times has no such table.
+            let times = match txn.open_table(STEP_TIMES) {
+                Ok(times) => Some(times),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(self.fail(e)),
+            };
+            let mut out = Vec::new();
+            for item in steps.range((execution, "")..).map_err(|e| self.fail(e))? {
+                let (key, value) = item.map_err(|e| self.fail(e))?;
+                let (id, name) = key.value();
+                if id != execution {
+                    break;
+                }
+                let recorded_micros = match &times {
+                    Some(times) => times
+                        .get((id, name))
+                        .map_err(|e| self.fail(e))?
+                        .map_or(0, |t| t.value()),
+                    None => 0,
+                };
+                out.push(StepInfo {
+                    name: name.to_owned(),
+                    size: value.value().len() as u64,
+                    recorded_micros,
+                });
+            }
+            Ok(out)
         })
     }
 

@@ -26,7 +26,7 @@ use super::backup::{copy_aside, create_private_dir, io_error, sync_dir, write_sy
 use super::chunk::{chunk_bytes, ChunkIter};
 use super::schema::{
     StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, LOST, META, META_NEXT_STREAM_ID,
-    PRODUCERS, STEPS, STREAMS,
+    PRODUCERS, STEPS, STEP_TIMES, STREAMS,
 };
 use super::txn::commit;
 use super::verify::{read_marks, LogMarks};
@@ -399,6 +399,10 @@ impl<'s> Build<'s> {
         self.read_table(&txn, STEPS, "step results", |_, (id, step), result| {
             steps.push((id.to_owned(), step.to_owned(), result.to_vec()));
         });
+        let mut step_times = Vec::new();
+        self.read_table(&txn, STEP_TIMES, "step times", |_, (id, step), ts| {
+            step_times.push((id.to_owned(), step.to_owned(), ts));
+        });
         self.write(|txn| {
             let mut table = txn.open_table(EXECUTIONS).map_err(storage)?;
             for (id, manifest) in &executions {
@@ -416,6 +420,12 @@ impl<'s> Build<'s> {
             for (id, step, result) in &steps {
                 table
                     .insert((id.as_str(), step.as_str()), result.as_slice())
+                    .map_err(storage)?;
+            }
+            let mut table = txn.open_table(STEP_TIMES).map_err(storage)?;
+            for (id, step, ts) in &step_times {
+                table
+                    .insert((id.as_str(), step.as_str()), *ts)
                     .map_err(storage)?;
             }
             Ok(())

@@ -31,6 +31,12 @@ pub(super) const EXECUTIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition:
 pub(super) const CHECKPOINTS: TableDefinition<'_, (&str, u64), &[u8]> =
     TableDefinition::new("checkpoints");
 pub(super) const STEPS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("steps");
+/// When each step result in `steps` was recorded, microseconds since the
+/// Unix epoch. A table of its own, so that `steps` keeps the worker's
+/// bytes as they were: a store written before it has no such table (or
+/// no row for older steps), and those steps list with no time.
+pub(super) const STEP_TIMES: TableDefinition<'_, (&str, &str), u64> =
+    TableDefinition::new("step_times");
 
 /// Seq ranges `tetherd repair` found lost: (stream id, first seq) to the
 /// range's last seq. Readers get a gap notice over them; `check` accepts

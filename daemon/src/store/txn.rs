@@ -15,7 +15,7 @@ use super::read::scan_newest_first;
 use super::schema::{
     ProducerState, StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, META,
     META_NEXT_STREAM_ID, META_WAL_APPLIED, META_WAL_CAPACITY, META_WAL_RESUME, META_WAL_TAIL,
-    PRODUCERS, STEPS, STREAMS,
+    PRODUCERS, STEPS, STEP_TIMES, STREAMS,
 };
 use super::storage;
 use crate::syncer::Durable;
@@ -48,6 +48,7 @@ pub struct WriteTxn<'t> {
     executions: LazyTable<'t, &'static str, &'static [u8]>,
     checkpoints: LazyTable<'t, (&'static str, u64), &'static [u8]>,
     steps: LazyTable<'t, (&'static str, &'static str), &'static [u8]>,
+    step_times: LazyTable<'t, (&'static str, &'static str), u64>,
     /// Reused encoding buffer, so that appending a frame does not allocate.
     scratch: Vec<u8>,
     /// The log record describing this transaction, when it is to be
@@ -333,15 +334,56 @@ impl WriteTxn<'_> {
         Ok(value.map(|v| v.value().to_vec()))
     }
 
-    /// Records the result of a durable step.
-    pub fn put_step(&mut self, execution: &str, step: &str, result: &[u8]) -> Result<()> {
+    /// Records the result of a durable step, and when it was recorded.
+    pub fn put_step(&mut self, execution: &str, step: &str, result: &[u8], ts: u64) -> Result<()> {
         self.unlogged = true;
-        self.take_room(execution.len() + step.len() + result.len())?;
+        self.take_room(2 * (execution.len() + step.len()) + result.len() + 8)?;
         self.steps
             .get()?
             .insert((execution, step), result)
+            .map_err(storage)?;
+        self.step_times
+            .get()?
+            .insert((execution, step), ts)
             .map(drop)
             .map_err(storage)
+    }
+
+    /// Forgets the named step results of an execution, or all of them
+    /// when `names` is `None`; returns how many were recorded.
+    pub fn clear_steps(&mut self, execution: &str, names: Option<&[String]>) -> Result<u64> {
+        self.unlogged = true;
+        let names: Vec<String> = match names {
+            Some(names) => names.to_vec(),
+            None => {
+                let steps = self.steps.get()?;
+                let mut all = Vec::new();
+                for item in steps.range((execution, "")..).map_err(storage)? {
+                    let (key, _) = item.map_err(storage)?;
+                    let (id, step) = key.value();
+                    if id != execution {
+                        break;
+                    }
+                    all.push(step.to_owned());
+                }
+                all
+            }
+        };
+        let mut cleared = 0;
+        for name in &names {
+            let removed = self
+                .steps
+                .get()?
+                .remove((execution, name.as_str()))
+                .map_err(storage)?
+                .is_some();
+            self.step_times
+                .get()?
+                .remove((execution, name.as_str()))
+                .map_err(storage)?;
+            cleared += u64::from(removed);
+        }
+        Ok(cleared)
     }
 
     /// Records the id the next new stream gets.
@@ -400,6 +442,7 @@ pub(super) fn tables<'t>(
         executions: LazyTable::new(txn, EXECUTIONS),
         checkpoints: LazyTable::new(txn, CHECKPOINTS),
         steps: LazyTable::new(txn, STEPS),
+        step_times: LazyTable::new(txn, STEP_TIMES),
         scratch: Vec::new(),
         record,
         unlogged: false,

@@ -48,7 +48,7 @@ fn a_snapshot_over_the_size_limit_is_refused_naming_the_sizes() {
     let big = vec![b'x'; DEFAULT_LIMIT + 1];
     let out = sup
         .sb()
-        .run_with_stdin(&["checkpoint", "save", "--execution", &id], &big);
+        .run_with_stdin(&["checkpoint", "save", "--force", "--execution", &id], &big);
     out.assert_code(1);
     let expected = format!(
         "checkpoint of {} bytes exceeds the limit of {DEFAULT_LIMIT} bytes",
@@ -59,7 +59,10 @@ fn a_snapshot_over_the_size_limit_is_refused_naming_the_sizes() {
     // Exactly at the limit is fine.
     let at_limit = vec![b'y'; DEFAULT_LIMIT];
     sup.sb()
-        .run_with_stdin(&["checkpoint", "save", "--execution", &id], &at_limit)
+        .run_with_stdin(
+            &["checkpoint", "save", "--force", "--execution", &id],
+            &at_limit,
+        )
         .assert_success();
 }
 

@@ -34,10 +34,11 @@ pub fn store_file(sb: &Sandbox) -> PathBuf {
 }
 
 /// Saves `data` as a checkpoint of `id`; asserts exit 0 and returns the
-/// stored checkpoint (from `--json`).
+/// stored checkpoint (from `--json`). Forced: most callers save to an
+/// execution that has already ended.
 pub fn save(sb: &Sandbox, id: &str, data: &str) -> Value {
     let out = sb.run_with_stdin(
-        &["checkpoint", "save", "--json", "--execution", id],
+        &["checkpoint", "save", "--json", "--force", "--execution", id],
         data.as_bytes(),
     );
     out.assert_success();

@@ -206,7 +206,10 @@ fn a_checkpoint_larger_than_a_message_is_saved_and_loaded_whole() {
         .unwrap()
         .to_owned();
     let data: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
-    let out = sb.run_with_stdin(&["checkpoint", "save", "--execution", &id], &data);
+    let out = sb.run_with_stdin(
+        &["checkpoint", "save", "--force", "--execution", &id],
+        &data,
+    );
     out.assert_success();
 
     let request = Request::CheckpointLoad {

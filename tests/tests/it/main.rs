@@ -35,6 +35,7 @@ mod replay_cutover;
 mod signals;
 mod single_instance;
 mod slow_reader;
+mod step_cli;
 mod supervise_bad_input;
 mod supervise_lost;
 mod supervise_output;
