@@ -17,10 +17,11 @@ use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
 use serde::Serialize;
 use tether_protocol::codec::encode_frame;
 use tether_protocol::{
-    Append, Appended, Capabilities, CheckpointMeta, CheckpointRef, ClientCodec, ConsumerInfo,
-    Durable, ErrorCode, ErrorFrame, ExecState, ExecutionInfo, ExitStatus, Frame, FrameKind, Hello,
-    HelloOk, Request, Response, RestartPolicy, ServerCodec, StartAt, StorageFault, StreamInfo,
-    Subscribe, WorkerExited, DEFAULT_MAX_FRAME_LEN, FRAME_ENVELOPE, PROTOCOL_VERSION,
+    Append, Appended, Capabilities, CheckpointEntry, CheckpointMeta, CheckpointRef, ClientCodec,
+    ConsumerInfo, Durable, ErrorCode, ErrorFrame, ExecState, ExecutionInfo, ExitStatus, Frame,
+    FrameKind, Hello, HelloOk, Request, Response, RestartPolicy, ServerCodec, StartAt, StepInfo,
+    StorageFault, StreamInfo, Subscribe, WorkerExited, DEFAULT_MAX_FRAME_LEN, FRAME_ENVELOPE,
+    PROTOCOL_VERSION,
 };
 use tokio_util::codec::Decoder;
 
@@ -473,6 +474,8 @@ fn the_type_tables_list_every_field_and_variant_in_wire_order() {
             "CheckpointRef" => fields::<CheckpointRef>(),
             "CheckpointMeta" => fields::<CheckpointMeta>(),
             "StorageFault" => fields::<StorageFault>(),
+            "CheckpointEntry" => fields::<CheckpointEntry>(),
+            "StepInfo" => fields::<StepInfo>(),
             other => {
                 failures.push(format!("type {other} is not known to this test"));
                 continue;
