@@ -28,10 +28,12 @@ WORKER = textwrap.dedent(
 
     value = fetch()
     ck = w.load_checkpoint(schema_version=2)
-    with open(out + "/attempt-" + str(int(w.resumed)), "w") as f:
-        f.write(repr((w.execution_id, value, blob(), ck and ck.json())))
+    # Published before the attempt's file is written, so that the test,
+    # which waits for the file, finds the frames of the attempt.
     w.publish("a line")
     w.event({"tokens": 1200})
+    with open(out + "/attempt-" + str(int(w.resumed)), "w") as f:
+        f.write(repr((w.execution_id, value, blob(), ck and ck.json())))
     if ck is None:
         w.save_checkpoint({"turn": 7}, schema_version=2)
         with open(out + "/pid", "w") as f:
