@@ -51,7 +51,8 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tether_protocol::{
-    Checkpoint, CheckpointMeta, CheckpointSave, ErrorCode, FrameKind, Request, Response,
+    Checkpoint, CheckpointFull, CheckpointMeta, CheckpointSave, CheckpointSaveFull, ErrorCode,
+    FrameKind, Request, Response, UserMeta,
 };
 use tokio::sync::Mutex;
 
@@ -214,9 +215,42 @@ impl Worker {
     /// encoding.
     pub async fn save_bytes(&self, data: Bytes, schema_version: u32) -> Result<CheckpointMeta> {
         let request = save_request(&self.execution, schema_version, data.clone());
-        let response = match self.call(&request).await {
+        self.save(&request, || {
+            save_requests_in_parts(&self.execution, schema_version, data)
+        })
+        .await
+    }
+
+    /// [`Worker::save_bytes`] with `user_meta` kept beside the data (shown
+    /// by `tether checkpoint list` and returned by [`Worker::load_full`]).
+    pub async fn save_full(
+        &self,
+        data: Bytes,
+        schema_version: u32,
+        user_meta: UserMeta,
+    ) -> Result<CheckpointMeta> {
+        let save = CheckpointSaveFull {
+            execution: self.execution.clone(),
+            schema_version,
+            data,
+            user_meta,
+            force: false,
+        };
+        let request = Request::CheckpointSaveFull(save.clone());
+        self.save(&request, || save_full_requests_in_parts(save))
+            .await
+    }
+
+    /// Sends a save, and again in pieces (from `in_parts`) when the daemon
+    /// refuses it whole as too large.
+    async fn save(
+        &self,
+        request: &Request,
+        in_parts: impl FnOnce() -> (Vec<Request>, Request),
+    ) -> Result<CheckpointMeta> {
+        let response = match self.call(request).await {
             Err(e) if refused_as_too_large(&e) => {
-                let (leading, last) = save_requests_in_parts(&self.execution, schema_version, data);
+                let (leading, last) = in_parts();
                 let mut session = self.session.lock().await;
                 session.call_after(&leading, &last).await?
             }
@@ -253,6 +287,17 @@ impl Worker {
         let request = load_request(&self.execution);
         match self.call(&request).await {
             Ok(response) => Ok(Some(loaded(response)?)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The newest valid checkpoint with its metadata, of exactly
+    /// `schema_version` when one is given; `None` when there is none.
+    pub async fn load_full(&self, schema_version: Option<u32>) -> Result<Option<CheckpointFull>> {
+        let request = load_full_request(&self.execution, schema_version);
+        match self.call(&request).await {
+            Ok(response) => Ok(Some(loaded_full(response)?)),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(e.into()),
         }
@@ -305,6 +350,14 @@ impl Worker {
             result,
         };
         Ok(step_recorded(self.call(&put).await?)?)
+    }
+
+    /// Forgets the results recorded for `steps` (every step with `all`), so
+    /// that they run again; returns how many were forgotten. Durable when
+    /// this returns.
+    pub async fn step_clear(&self, steps: Vec<String>, all: bool) -> Result<u64> {
+        let request = step_clear_request(&self.execution, steps, all);
+        Ok(steps_cleared(self.call(&request).await?)?)
     }
 
     /// Sends one request and returns its answer, over the shared session.
@@ -455,7 +508,7 @@ impl<E> fmt::Debug for CheckpointTrigger<E> {
 }
 
 // ---------------------------------------------------------------------------
-// Requests and answers, shared with the `tether checkpoint` command
+// Requests and answers, shared with the `tether checkpoint` and `step` commands
 // ---------------------------------------------------------------------------
 
 /// The request that saves `data` as the newest checkpoint of `execution`.
@@ -480,11 +533,24 @@ pub fn save_requests_in_parts(
     schema_version: u32,
     mut data: Bytes,
 ) -> (Vec<Request>, Request) {
+    let leading = leading_pieces(&mut data);
+    (leading, save_request(execution, schema_version, data))
+}
+
+/// [`save_requests_in_parts`] for a save with metadata.
+pub fn save_full_requests_in_parts(mut save: CheckpointSaveFull) -> (Vec<Request>, Request) {
+    let leading = leading_pieces(&mut save.data);
+    (leading, Request::CheckpointSaveFull(save))
+}
+
+/// Cuts all but the last [`SAVE_PIECE_LEN`] bytes off `data`, as
+/// `CheckpointSavePart`s.
+fn leading_pieces(data: &mut Bytes) -> Vec<Request> {
     let mut leading = Vec::with_capacity(data.len() / SAVE_PIECE_LEN);
     while data.len() > SAVE_PIECE_LEN {
         leading.push(Request::CheckpointSavePart(data.split_to(SAVE_PIECE_LEN)));
     }
-    (leading, save_request(execution, schema_version, data))
+    leading
 }
 
 /// Whether the daemon refused a request as larger than its maximum message
@@ -502,6 +568,25 @@ pub fn load_request(execution: &str) -> Request {
     }
 }
 
+/// The request that loads the newest valid checkpoint of `execution` with
+/// its metadata, of exactly `schema_version` when one is given.
+pub fn load_full_request(execution: &str, schema_version: Option<u32>) -> Request {
+    Request::CheckpointLoadFull {
+        execution: execution.to_owned(),
+        schema_version,
+    }
+}
+
+/// The request that forgets recorded step results: `steps`, or every one
+/// with `all`.
+pub fn step_clear_request(execution: &str, steps: Vec<String>, all: bool) -> Request {
+    Request::StepClear {
+        execution: execution.to_owned(),
+        steps,
+        all,
+    }
+}
+
 /// The answer to a save: the stored checkpoint's metadata.
 pub fn saved(response: Response) -> crate::Result<CheckpointMeta> {
     match response {
@@ -515,6 +600,22 @@ pub fn loaded(response: Response) -> crate::Result<Checkpoint> {
     match response {
         Response::Checkpoint(checkpoint) => Ok(checkpoint),
         other => Err(unexpected("Checkpoint", &other)),
+    }
+}
+
+/// The answer to a load with metadata: the checkpoint.
+pub fn loaded_full(response: Response) -> crate::Result<CheckpointFull> {
+    match response {
+        Response::CheckpointFull(checkpoint) => Ok(checkpoint),
+        other => Err(unexpected("CheckpointFull", &other)),
+    }
+}
+
+/// The answer to a step clear: how many results were forgotten.
+pub fn steps_cleared(response: Response) -> crate::Result<u64> {
+    match response {
+        Response::StepsCleared(count) => Ok(count),
+        other => Err(unexpected("StepsCleared", &other)),
     }
 }
 

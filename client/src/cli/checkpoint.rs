@@ -29,7 +29,10 @@ use serde::Serialize;
 use tether::conn::{Connector, Link};
 use tether::error::{EXIT_NOT_FOUND, EXIT_OK};
 use tether::time::Rfc3339;
-use tether::worker::{refused_as_too_large, saved, ENV_EXECUTION, SAVE_PIECE_LEN};
+use tether::worker::{
+    load_full_request, loaded_full, refused_as_too_large, save_full_requests_in_parts, saved,
+    ENV_EXECUTION,
+};
 use tether::{Error, Result};
 use tether_protocol::{
     CheckpointEntry, CheckpointFull, CheckpointMeta, CheckpointSaveFull, ErrorCode, Request,
@@ -144,7 +147,7 @@ async fn save_full(ctx: &Context, save: CheckpointSaveFull) -> Result<()> {
     let request = Request::CheckpointSaveFull(save.clone());
     let response = match connector.request(&request).await {
         Err(e) if refused_as_too_large(&e) => {
-            let (leading, last) = in_parts(save);
+            let (leading, last) = save_full_requests_in_parts(save);
             save_in_parts(&connector, &leading, &last).await?
         }
         answer => answer?,
@@ -154,18 +157,6 @@ async fn save_full(ctx: &Context, save: CheckpointSaveFull) -> Result<()> {
         write_stdout(json_line(&meta)?.as_bytes())?;
     }
     Ok(())
-}
-
-/// A save as `CheckpointSavePart`s of its leading data and the save with
-/// the rest, for a daemon whose maximum message size it exceeds.
-fn in_parts(mut save: CheckpointSaveFull) -> (Vec<Request>, Request) {
-    let mut leading = Vec::with_capacity(save.data.len() / SAVE_PIECE_LEN);
-    while save.data.len() > SAVE_PIECE_LEN {
-        leading.push(Request::CheckpointSavePart(
-            save.data.split_to(SAVE_PIECE_LEN),
-        ));
-    }
-    (leading, Request::CheckpointSaveFull(save))
 }
 
 /// Sends a save in pieces on one session, again on a new one if the
@@ -191,13 +182,9 @@ async fn save_in_parts(
 /// Writes the checkpoint, or says in one line that there is none (exit 3):
 /// a worker asking at its start is expected to find none the first time.
 async fn load(ctx: &Context, execution: &str, schema_version: Option<u32>) -> Result<u8> {
-    let request = Request::CheckpointLoadFull {
-        execution: execution.to_owned(),
-        schema_version,
-    };
+    let request = load_full_request(execution, schema_version);
     let checkpoint = match ctx.connector("checkpoint load").request(&request).await {
-        Ok(Response::CheckpointFull(checkpoint)) => checkpoint,
-        Ok(other) => return Err(unexpected("CheckpointFull", &other)),
+        Ok(response) => loaded_full(response)?,
         Err(e) if e.daemon_code() == Some(ErrorCode::NOT_FOUND) => {
             eprintln!("no checkpoint for {execution}");
             return Ok(EXIT_NOT_FOUND);

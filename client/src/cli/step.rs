@@ -24,7 +24,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use tether::error::{EXIT_NOT_FOUND, EXIT_OK};
 use tether::time::Rfc3339;
-use tether::worker::ENV_EXECUTION;
+use tether::worker::{step_clear_request, steps_cleared, ENV_EXECUTION};
 use tether::{Error, Result};
 use tether_protocol::{Request, Response, StepInfo};
 use tokio::io::AsyncReadExt;
@@ -148,15 +148,9 @@ pub async fn run(ctx: &Context, args: StepArgs) -> Result<u8> {
         }
         StepCommand::Clear(args) => {
             let execution = execution(args.execution, env)?;
-            let request = Request::StepClear {
-                execution,
-                steps: args.names,
-                all: args.all,
-            };
-            match ctx.connector("step clear").request(&request).await? {
-                Response::StepsCleared(_) => Ok(EXIT_OK),
-                other => Err(unexpected("StepsCleared", &other)),
-            }
+            let request = step_clear_request(&execution, args.names, args.all);
+            steps_cleared(ctx.connector("step clear").request(&request).await?)?;
+            Ok(EXIT_OK)
         }
     }
 }
