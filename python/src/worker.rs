@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
-use tether_protocol::FrameKind;
+use pyo3::types::{PyBytes, PyDict};
+use tether_protocol::{FrameKind, UserMeta};
 
+use crate::block_on;
 use crate::errors::worker_to_py;
-use crate::{block_on, Error};
 
 /// The variable with the attempt number, when the daemon sets one.
 const ENV_ATTEMPT: &str = "TETHER_ATTEMPT";
@@ -53,9 +53,8 @@ impl Worker {
         self.attempt
     }
 
-    /// The newest valid checkpoint, or None. With `schema_version`, a
-    /// newest checkpoint of another version is an error rather than data
-    /// the caller might misread.
+    /// The newest valid checkpoint, of exactly `schema_version` when one
+    /// is given; None when there is none.
     #[pyo3(signature = (schema_version=None))]
     fn load_checkpoint(
         &self,
@@ -63,39 +62,44 @@ impl Worker {
         schema_version: Option<u32>,
     ) -> PyResult<Option<Checkpoint>> {
         let inner = Arc::clone(&self.inner);
-        let loaded =
-            block_on(py, move || async move { inner.load_bytes().await })?.map_err(worker_to_py)?;
+        let loaded = block_on(
+            py,
+            move || async move { inner.load_full(schema_version).await },
+        )?
+        .map_err(worker_to_py)?;
         let Some(checkpoint) = loaded else {
             return Ok(None);
         };
         let meta = checkpoint.meta;
-        if let Some(expected) = schema_version {
-            if meta.schema_version != expected {
-                return Err(Error::new_err(format!(
-                    "the newest checkpoint has schema version {}, this worker expects {expected}",
-                    meta.schema_version
-                )));
-            }
-        }
         Ok(Some(Checkpoint {
             data: PyBytes::new(py, &checkpoint.data).unbind(),
             id: meta.id,
             seq: meta.seq,
             schema_version: meta.schema_version,
             ts: meta.created_micros as f64 / 1e6,
+            user_meta: checkpoint.user_meta,
         }))
     }
 
-    /// Saves `data` as the newest checkpoint; returns once durable, with
-    /// the checkpoint's id.
-    #[pyo3(signature = (data, schema_version=0))]
-    fn save_checkpoint(&self, py: Python<'_>, data: Vec<u8>, schema_version: u32) -> PyResult<u64> {
+    /// Saves `data` as the newest checkpoint, with `meta` (key, value
+    /// pairs) kept beside it; returns once durable, with the checkpoint's
+    /// id.
+    #[pyo3(signature = (data, schema_version=0, meta=Vec::new()))]
+    fn save_checkpoint(
+        &self,
+        py: Python<'_>,
+        data: Vec<u8>,
+        schema_version: u32,
+        meta: Vec<(String, String)>,
+    ) -> PyResult<u64> {
         let inner = Arc::clone(&self.inner);
-        let meta = block_on(py, move || async move {
-            inner.save_bytes(Bytes::from(data), schema_version).await
+        let saved = block_on(py, move || async move {
+            inner
+                .save_full(Bytes::from(data), schema_version, meta)
+                .await
         })?
         .map_err(worker_to_py)?;
-        Ok(meta.id)
+        Ok(saved.id)
     }
 
     /// The recorded result of step `name`, or None.
@@ -115,6 +119,16 @@ impl Worker {
         })?
         .map_err(worker_to_py)?;
         Ok(PyBytes::new(py, &kept).unbind())
+    }
+
+    /// Forgets the recorded result of step `name`, so that it runs again;
+    /// returns how many results were forgotten (0 or 1).
+    fn step_clear(&self, py: Python<'_>, name: String) -> PyResult<u64> {
+        let inner = Arc::clone(&self.inner);
+        block_on(py, move || async move {
+            inner.step_clear(vec![name], false).await
+        })?
+        .map_err(worker_to_py)
     }
 
     /// Appends one frame of `kind` (`stdout`, `stderr` or `event`) to the
@@ -137,21 +151,39 @@ impl Worker {
 
 /// A saved checkpoint.
 #[derive(Debug)]
-#[pyclass(frozen, get_all, module = "tether._native")]
+#[pyclass(frozen, module = "tether._native")]
 pub struct Checkpoint {
     /// The checkpoint's bytes.
+    #[pyo3(get)]
     data: Py<PyBytes>,
     /// Increasing per execution.
+    #[pyo3(get)]
     id: u64,
     /// The execution stream's last seq when it was saved.
+    #[pyo3(get)]
     seq: u64,
+    #[pyo3(get)]
     schema_version: u32,
     /// When it was saved, seconds since the epoch.
+    #[pyo3(get)]
     ts: f64,
+    /// The metadata saved with it, in the order given; read as `meta`.
+    user_meta: UserMeta,
 }
 
 #[pymethods]
 impl Checkpoint {
+    /// The metadata saved with the checkpoint, as a new dict (a key given
+    /// twice keeps its last value).
+    #[getter]
+    fn meta<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (key, value) in &self.user_meta {
+            dict.set_item(key, value)?;
+        }
+        Ok(dict)
+    }
+
     /// The data decoded as JSON.
     fn json(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let data = self.data.bind(py);

@@ -74,3 +74,83 @@ def test_outside_a_worker_from_env_says_so(monkeypatch):
     monkeypatch.delenv("TETHER_EXECUTION_ID", raising=False)
     with pytest.raises(tether.Error, match="TETHER_EXECUTION_ID is not set"):
         tether.Worker.from_env()
+
+
+def run_worker(daemon, tmp_path, body: str) -> str:
+    """Runs `body` as a worker to its end; returns what it wrote to OUT/result."""
+    script = tmp_path / "agent.py"
+    script.write_text(textwrap.dedent(body))
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    daemon.tether(
+        "run", "--name", "agent", "--restart", "never", "--env", f"OUT={out}", "--",
+        sys.executable, str(script),
+    )
+    result = out / "result"
+    wait_for(lambda: result.exists() and result.read_text().endswith("\n"), "the worker's result")
+    return result.read_text()
+
+
+def test_a_checkpoint_keeps_its_meta_and_loads_by_exact_schema_version(daemon, tmp_path):
+    got = run_worker(
+        daemon,
+        tmp_path,
+        """
+        import os
+        import tether
+
+        w = tether.Worker.from_env()
+        before = w.load_checkpoint(schema_version=2)
+        w.save_checkpoint({"turn": 1}, schema_version=2, meta={"phase": "plan", "k": "a=b"})
+        w.save_checkpoint({"turn": 2}, schema_version=3)
+        two = w.load_checkpoint(schema_version=2)
+        three = w.load_checkpoint(schema_version=3)
+        newest = w.load_checkpoint()
+        absent = w.load_checkpoint(schema_version=4)
+        seen = [
+            before,
+            (two.json(), two.schema_version, two.meta),
+            (three.json(), three.schema_version, three.meta),
+            (newest.json(), newest.id == three.id),
+            absent,
+        ]
+        with open(os.environ["OUT"] + "/result", "w") as f:
+            f.write(repr(seen) + "\\n")
+        """,
+    )
+    assert got == repr(
+        [
+            None,
+            ({"turn": 1}, 2, {"phase": "plan", "k": "a=b"}),
+            ({"turn": 2}, 3, {}),
+            ({"turn": 2}, True),
+            None,
+        ]
+    ) + "\n"
+
+
+def test_a_cleared_step_runs_again(daemon, tmp_path):
+    got = run_worker(
+        daemon,
+        tmp_path,
+        """
+        import os
+        import tether
+
+        w = tether.Worker.from_env()
+        runs = []
+
+        @w.step("fetch")
+        def fetch():
+            runs.append(len(runs) + 1)
+            return {"run": len(runs)}
+
+        seen = [fetch(), fetch()]
+        w.clear_step("fetch")
+        w.clear_step("never-recorded")
+        seen += [fetch(), fetch(), runs]
+        with open(os.environ["OUT"] + "/result", "w") as f:
+            f.write(repr(seen) + "\\n")
+        """,
+    )
+    assert got == repr([{"run": 1}, {"run": 1}, {"run": 2}, {"run": 2}, [1, 2]]) + "\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 from ._native import (
     Checkpoint,
@@ -80,14 +80,19 @@ class Worker:
 
     def load_checkpoint(self, schema_version: Optional[int] = None) -> Optional[Checkpoint]:
         """The newest checkpoint, or None when there is none. With
-        ``schema_version``, a newest checkpoint of another version raises
-        ``tether.Error``."""
+        ``schema_version``, the newest checkpoint of exactly that version
+        (None when there is none), whatever newer ones of other versions
+        there are. Its metadata is ``ck.meta`` (a dict)."""
         return self._native.load_checkpoint(schema_version)
 
-    def save_checkpoint(self, data: Any, schema_version: int = 0) -> int:
+    def save_checkpoint(
+        self, data: Any, schema_version: int = 0, meta: Optional[Mapping[str, str]] = None
+    ) -> int:
         """Saves ``data`` (bytes as they are, anything else as JSON) as the
-        newest checkpoint. Returns its id once it is durable."""
-        return self._native.save_checkpoint(_encode(data), schema_version)
+        newest checkpoint, with ``meta`` (string keys and values) kept
+        beside it. Returns its id once it is durable."""
+        pairs = list((meta or {}).items())
+        return self._native.save_checkpoint(_encode(data), schema_version, pairs)
 
     def step(self, name: str, raw: bool = False) -> Callable[[Callable[[], T]], Callable[[], T]]:
         """Decorator: the function runs until one run of it is recorded for
@@ -111,6 +116,12 @@ class Worker:
             return run
 
         return decorate
+
+    def clear_step(self, name: str) -> None:
+        """Forgets the recorded result of step ``name``, so that the next
+        call runs the function again. Nothing happens when none is
+        recorded."""
+        self._native.step_clear(name)
 
     def publish(self, line: Union[str, bytes]) -> None:
         """Appends one line (kind ``stdout``) to the execution's stream;
