@@ -32,6 +32,7 @@ mod publish_tail;
 mod remote_access;
 mod remote_ssh;
 mod replay_cutover;
+mod shell_agent;
 mod signals;
 mod single_instance;
 mod slow_reader;
