@@ -39,9 +39,9 @@ fn start_agent(sup: &Supervised) -> (String, PathBuf) {
         "--env",
         &format!("SHELL_AGENT_TURNS={TURNS}"),
         // The crash is aimed at this pause after a turn's checkpoint, away
-        // from any step: a generous one keeps it there on a slow machine.
+        // from any step: three seconds keep it there on a slow, busy machine.
         "--env",
-        "SHELL_AGENT_PAUSE=1",
+        "SHELL_AGENT_PAUSE=3",
         "--",
         "sh",
         script.to_str().unwrap(),
