@@ -242,9 +242,11 @@ fn repair_changes_nothing_when_its_copy_would_not_fit_on_the_disk() {
     assert!(len > 2 * 1024 * 1024, "the store holds the frames: {len}");
     // Its magic number: damage every check finds, the file as long.
     damage::flip_byte(&store, 0);
-    // Room for half a copy more than the files hold.
+    // Room for half a copy more than the files take up on the disk
+    // (which counts the blocks the store reserved ahead of its end).
     let size = len + std::fs::metadata(log_file(&sb)).unwrap().len();
-    tmpfs.resize(&format!("{}k", (size + size / 2) / 1024 + 64));
+    let used = disk_usage(&sb.state_dir());
+    tmpfs.resize(&format!("{}k", (used + size / 2) / 1024 + 64));
     let before = StateSnapshot::take(&sb.state_dir());
     let out = damage::repair(&sb);
     out.assert_code(1);
@@ -367,4 +369,21 @@ fn after_each_kind_of_damage_repair_lets_the_daemon_start_and_no_seq_is_reused()
         assert!(d.terminate().success());
         damage::check(&sb).assert_success();
     }
+}
+
+/// The bytes the files under `dir` take up on their disk.
+fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                disk_usage(&entry.path())
+            } else {
+                meta.blocks() * 512
+            }
+        })
+        .sum()
 }
