@@ -19,6 +19,10 @@
 //! * [`time`]: RFC 3339 timestamps and short ages for output.
 //! * [`worker`]: the worker SDK for supervised programs: [`Worker`]
 //!   (emit, checkpoint, restore, durable steps) and [`CheckpointTrigger`].
+//! * [`json`]: JSON views of the daemon's answers (`--json`, the SDKs).
+//! * [`sdk`]: what the Python and Node bindings share: a client that keeps
+//!   producer seqs per stream, tails in batches with a cursor file or
+//!   consumer acks, and runs, lists and stops workers.
 //! * [`error`]: the crate's one error type and its exit codes.
 //!
 //! Everything is async on tokio. The `tether` binary in this package is a
@@ -28,7 +32,9 @@ pub mod backoff;
 pub mod conn;
 pub mod cursor;
 pub mod error;
+pub mod json;
 pub mod publisher;
+pub mod sdk;
 pub mod shim;
 pub mod ssh;
 pub mod subscriber;

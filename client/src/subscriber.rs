@@ -45,6 +45,48 @@ pub enum Start {
     Now,
 }
 
+impl Start {
+    /// Where a reader starts, first match wins: after the position kept in
+    /// its cursor file, at `from_seq`, at the last `last` frames, after
+    /// the consumer's stored ack (when it reads as one), else the oldest
+    /// retained frame. So a first run can be pointed somewhere and later
+    /// runs carry on from the cursor file. `tether tail` and the SDKs
+    /// share this order.
+    pub fn choose(
+        cursor: Option<u64>,
+        from_seq: Option<u64>,
+        last: Option<u64>,
+        consumer: bool,
+    ) -> Start {
+        if let Some(seq) = cursor {
+            Start::After(seq)
+        } else if let Some(seq) = from_seq {
+            Start::After(seq.saturating_sub(1))
+        } else if let Some(n) = last {
+            Start::Last(n)
+        } else if consumer {
+            Start::ConsumerAck
+        } else {
+            Start::Oldest
+        }
+    }
+}
+
+/// `stream S: frames 5..9 were compacted or lost; continuing at 10`: a gap
+/// notice in words, as `tether tail` prints it and the SDKs warn it.
+pub fn gap_message(stream: &str, gap: &Gap) -> String {
+    let last_missing = gap.first_available.saturating_sub(1);
+    let what = if last_missing <= gap.requested {
+        format!("frame {} was", gap.requested)
+    } else {
+        format!("frames {}..{last_missing} were", gap.requested)
+    };
+    format!(
+        "stream {stream}: {what} compacted or lost; continuing at {}",
+        gap.first_available
+    )
+}
+
 /// What to read and how.
 #[derive(Debug, Clone)]
 pub struct SubscribeOptions {
@@ -472,5 +514,43 @@ async fn await_ack(conn: &mut Connection, through: u64) -> Result<()> {
                 return Ok(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gap_messages_name_the_missing_range_and_the_next_seq() {
+        let gap = Gap {
+            requested: 5,
+            first_available: 10,
+        };
+        assert_eq!(
+            gap_message("s", &gap),
+            "stream s: frames 5..9 were compacted or lost; continuing at 10"
+        );
+        let gap = Gap {
+            requested: 5,
+            first_available: 6,
+        };
+        assert_eq!(
+            gap_message("s", &gap),
+            "stream s: frame 5 was compacted or lost; continuing at 6"
+        );
+    }
+
+    #[test]
+    fn a_cursor_wins_then_from_seq_then_last_then_the_consumer() {
+        assert_eq!(
+            Start::choose(Some(7), Some(3), Some(2), true),
+            Start::After(7)
+        );
+        assert_eq!(Start::choose(None, Some(3), Some(2), true), Start::After(2));
+        assert_eq!(Start::choose(None, Some(0), None, false), Start::After(0));
+        assert_eq!(Start::choose(None, None, Some(2), true), Start::Last(2));
+        assert_eq!(Start::choose(None, None, None, true), Start::ConsumerAck);
+        assert_eq!(Start::choose(None, None, None, false), Start::Oldest);
     }
 }

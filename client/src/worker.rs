@@ -65,6 +65,8 @@ pub const ENV_EXECUTION: &str = "TETHER_EXECUTION_ID";
 pub const ENV_SOCKET: &str = "TETHER_SOCKET";
 /// The variable that is `1` when the attempt resumes from a checkpoint.
 pub const ENV_RESUMED: &str = "TETHER_RESUMED";
+/// The variable with the attempt's number (1, 2, ...).
+pub const ENV_ATTEMPT: &str = "TETHER_ATTEMPT";
 
 /// What can go wrong in the worker SDK.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +134,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Worker {
     execution: String,
     resumed: bool,
+    /// `None` when the daemon did not say.
+    attempt: Option<u64>,
     session: Mutex<Session>,
     emitter: Mutex<Emitter>,
 }
@@ -161,7 +165,9 @@ impl Worker {
             client: format!("tether-worker {} {execution}", env!("CARGO_PKG_VERSION")),
             ..ConnectOptions::default()
         };
-        Self::new(execution, Connector::new(endpoint, options), resumed)
+        let mut worker = Self::new(execution, Connector::new(endpoint, options), resumed)?;
+        worker.attempt = var(ENV_ATTEMPT).and_then(|v| v.trim().parse().ok());
+        Ok(worker)
     }
 
     /// A worker of `execution` that reaches the daemon through `connector`.
@@ -174,7 +180,14 @@ impl Worker {
             emitter: Mutex::new(emitter),
             execution,
             resumed,
+            attempt: None,
         })
+    }
+
+    /// The attempt's number (1, 2, ...), when the daemon says it
+    /// (`TETHER_ATTEMPT`).
+    pub fn attempt(&self) -> Option<u64> {
+        self.attempt
     }
 
     /// True when this attempt was started from a checkpoint

@@ -775,6 +775,13 @@ impl RestartPolicy {
             RestartPolicy::Always => "always",
         }
     }
+
+    /// The policy [`RestartPolicy::as_str`] spells `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Never, Self::OnFailure, Self::Always]
+            .into_iter()
+            .find(|policy| policy.as_str() == name)
+    }
 }
 
 /// What `tether run` asks the daemon to start.

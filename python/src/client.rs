@@ -1,8 +1,10 @@
-//! `Client`, `Tail` and `Frame`: publish to and read streams.
+//! `Client`, `Tail` and `Frame`: publish to and read streams, and start,
+//! list and stop workers. The work is the library's `tether::sdk`; this
+//! file converts arguments and results.
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,9 +12,8 @@ use pyo3::exceptions::{PyRuntimeWarning, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use tether::conn::ConnectOptions;
-use tether::{cursor, Connector, Endpoint, Event, Publisher, PublisherOptions};
-use tether::{Start, SubscribeOptions, Subscriber};
-use tether_protocol::{FrameKind, Request, Response};
+use tether::sdk::{self, RunOptions, TailItem, TailOptions};
+use tether_protocol::RestartPolicy;
 
 use crate::errors::to_py;
 use crate::{block_on, Error};
@@ -21,23 +22,15 @@ use crate::{block_on, Error};
 /// pending signal (Ctrl-C); the wait then carries on.
 const SIGNAL_CHECK: Duration = Duration::from_millis(200);
 
-/// A publisher and the producer seq its next frame gets.
-#[derive(Debug)]
-struct Producing {
-    publisher: Publisher,
-    next_seq: u64,
-}
+/// Frames fetched from the library at once: iteration then hands them out
+/// with the GIL held and no async call.
+const BATCH: usize = 4096;
 
 /// A connection to a tetherd: `Client(socket=None, host=None, connect_timeout=None)`.
 #[derive(Debug)]
 #[pyclass(frozen, module = "tether._native")]
 pub struct Client {
-    connector: Connector,
-    /// One publisher per (stream, producer), kept so that producer seqs go
-    /// on increasing from one `publish` call to the next.
-    publishers: Mutex<HashMap<(String, String), Producing>>,
-    /// The producer name used when `publish` is given none.
-    default_producer: String,
+    inner: sdk::Client,
 }
 
 #[pymethods]
@@ -49,31 +42,14 @@ impl Client {
         host: Option<&str>,
         connect_timeout: Option<f64>,
     ) -> PyResult<Self> {
-        let endpoint = match (socket, host) {
-            (Some(_), Some(_)) => {
-                return Err(PyValueError::new_err("give socket or host, not both"));
-            }
-            (Some(path), None) => Endpoint::unix(path),
-            (None, Some(url)) => Endpoint::ssh(url).map_err(to_py)?,
-            (None, None) => Endpoint::default_local(),
-        };
-        let mut options = ConnectOptions {
-            client: format!("tether-python {}", env!("CARGO_PKG_VERSION")),
-            ..ConnectOptions::default()
-        };
+        let endpoint = sdk::Client::endpoint_of(socket, host)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let mut options = ConnectOptions::default();
         if let Some(secs) = connect_timeout {
-            options.retry_window = Duration::try_from_secs_f64(secs).map_err(|_| {
-                PyValueError::new_err("connect_timeout must be a number of seconds >= 0")
-            })?;
+            options.retry_window = seconds(secs, "connect_timeout")?;
         }
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
         Ok(Self {
-            connector: Connector::new(endpoint, options),
-            publishers: Mutex::new(HashMap::new()),
-            default_producer: format!("python-{}-{nanos}", std::process::id()),
+            inner: sdk::Client::new(endpoint, options, "python"),
         })
     }
 
@@ -91,35 +67,11 @@ impl Client {
         producer: Option<String>,
     ) -> PyResult<()> {
         let payloads = payloads(items)?;
-        let producer = producer.unwrap_or_else(|| self.default_producer.clone());
-        let mut publishers = lock(&self.publishers)?;
-        let key = (stream, producer);
-        if !publishers.contains_key(&key) {
-            let publisher = Publisher::new(
-                self.connector.clone(),
-                key.0.clone(),
-                key.1.clone(),
-                PublisherOptions::default(),
-            )
-            .map_err(to_py)?;
-            let producing = Producing {
-                publisher,
-                next_seq: 1,
-            };
-            publishers.insert(key.clone(), producing);
-        }
-        let Some(producing) = publishers.get_mut(&key) else {
-            return Err(Error::new_err("publisher vanished"));
-        };
-        let outcome = block_on(py, move || async move {
-            for payload in payloads {
-                let seq = producing.next_seq;
-                producing.publisher.publish(seq, payload).await?;
-                producing.next_seq += 1;
-            }
-            producing.publisher.flush().await
-        })?;
-        outcome.map_err(to_py)
+        let inner = &self.inner;
+        block_on(py, move || async move {
+            inner.publish(&stream, producer.as_deref(), payloads).await
+        })?
+        .map_err(to_py)
     }
 
     /// Reads `stream`; see `tether.Client.tail` in the stubs.
@@ -138,82 +90,98 @@ impl Client {
         if from_seq.is_some() && last.is_some() {
             return Err(PyValueError::new_err("give from_seq or last, not both"));
         }
-        let stored = match &cursor_file {
-            Some(path) => cursor::read(path).map_err(to_py)?,
-            None => None,
-        };
-        // The precedence of `tether tail`.
-        let start = if let Some(seq) = stored {
-            Start::After(seq)
-        } else if let Some(seq) = from_seq {
-            Start::After(seq.saturating_sub(1))
-        } else if let Some(n) = last {
-            Start::Last(n)
-        } else if consumer.is_some() {
-            Start::ConsumerAck
-        } else {
-            Start::Oldest
-        };
-        let acks = consumer.is_some();
-        let options = SubscribeOptions {
+        let options = TailOptions {
             stream: stream.clone(),
-            start,
             follow,
+            from_seq,
+            last,
+            cursor_file,
             consumer,
         };
-        let connector = self.connector.clone();
-        let sub = block_on(py, move || Subscriber::open(connector, options))?.map_err(to_py)?;
+        let inner = &self.inner;
+        let tail = block_on(py, move || inner.tail(options))?.map_err(to_py)?;
         Ok(Tail {
-            stream: stream.clone(),
-            state: tokio::sync::Mutex::new(TailState {
-                sub: Some(sub),
-                stream,
-                cursor_file,
-                acks,
-                unsaved: None,
+            stream: PyString::new(py, &stream).unbind(),
+            state: Mutex::new(TailState {
+                tail,
+                ready: VecDeque::new(),
+                unmarked: None,
             }),
         })
     }
 
     /// The daemon's status as a dict (the fields of `tether status --json`).
     fn status(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let connector = self.connector.clone();
-        let (status, storage) = block_on(py, move || async move {
-            let status = connector.request(&Request::Status).await?;
-            // A daemon that predates the storage report refuses it.
-            let storage = connector.request(&Request::Storage).await.ok();
-            Ok::<_, tether::Error>((status, storage))
-        })?
-        .map_err(to_py)?;
-        let Response::Status(status) = status else {
-            return Err(crate::ProtocolError::new_err(
-                "the daemon did not answer Status with its status",
-            ));
-        };
-        let mut object = serde_json::to_value(&status).map_err(json_error)?;
-        if let (Some(map), Some(Response::Storage(storage))) = (object.as_object_mut(), storage) {
-            map.insert(
-                "storage".into(),
-                serde_json::to_value(&storage).map_err(json_error)?,
-            );
-        }
-        from_json(py, &object)
+        let inner = &self.inner;
+        let value = block_on(py, move || inner.status())?.map_err(to_py)?;
+        from_json(py, &value)
     }
 
     /// The streams as a list of dicts (the fields of `tether streams --json`).
     fn streams(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let connector = self.connector.clone();
-        let response = block_on(py, move || async move {
-            connector.request(&Request::ListStreams).await
-        })?
-        .map_err(to_py)?;
-        let Response::Streams(streams) = response else {
-            return Err(crate::ProtocolError::new_err(
-                "the daemon did not answer ListStreams with a stream list",
-            ));
-        };
-        from_json(py, &serde_json::to_value(&streams).map_err(json_error)?)
+        let inner = &self.inner;
+        let value = block_on(py, move || inner.streams())?.map_err(to_py)?;
+        from_json(py, &value)
     }
+
+    /// Starts a supervised worker; returns its execution id.
+    #[pyo3(signature = (command, name=None, restart="on-failure", max_restarts=None, deadline=None, cwd=None, env=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        py: Python<'_>,
+        command: Vec<String>,
+        name: Option<String>,
+        restart: &str,
+        max_restarts: Option<u32>,
+        deadline: Option<f64>,
+        cwd: Option<PathBuf>,
+        env: Option<std::collections::BTreeMap<String, String>>,
+    ) -> PyResult<String> {
+        let restart = RestartPolicy::from_name(restart).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "restart must be \"never\", \"on-failure\" or \"always\", not {restart:?}"
+            ))
+        })?;
+        let deadline = deadline.map(|s| seconds(s, "deadline")).transpose()?;
+        let options = RunOptions {
+            command,
+            name,
+            restart,
+            max_restarts,
+            deadline,
+            cwd,
+            env: env.unwrap_or_default().into_iter().collect(),
+        };
+        let inner = &self.inner;
+        block_on(py, move || inner.run(options))?.map_err(to_py)
+    }
+
+    /// The executions that have not ended (`all`: every one), as dicts
+    /// with the fields of `tether ps --json`.
+    #[pyo3(signature = (all=false))]
+    fn ps(&self, py: Python<'_>, all: bool) -> PyResult<Py<PyAny>> {
+        let inner = &self.inner;
+        let value = block_on(py, move || inner.ps(all))?.map_err(to_py)?;
+        from_json(py, &value)
+    }
+
+    /// Stops an execution (SIGTERM, SIGKILL after `timeout` seconds) and
+    /// returns it as it ended (a dict as `ps` gives).
+    #[pyo3(signature = (id, timeout=10.0))]
+    fn stop(&self, py: Python<'_>, id: String, timeout: f64) -> PyResult<Py<PyAny>> {
+        let timeout = seconds(timeout, "timeout")?;
+        let inner = &self.inner;
+        let value =
+            block_on(py, move || async move { inner.stop(&id, timeout).await })?.map_err(to_py)?;
+        from_json(py, &value)
+    }
+}
+
+/// A number of seconds as a duration; `what` names the argument.
+fn seconds(secs: f64, what: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| PyValueError::new_err(format!("{what} must be a number of seconds >= 0")))
 }
 
 /// The items of `publish` as payloads: a list (or any iterable) of str or
@@ -246,7 +214,7 @@ fn payloads(items: &Bound<'_, PyAny>) -> PyResult<Vec<Bytes>> {
 #[pyclass(frozen, get_all, module = "tether._native")]
 pub struct Frame {
     /// The stream it belongs to.
-    stream: String,
+    stream: Py<PyString>,
     /// Its seq in the stream.
     seq: u64,
     /// When it was stored (for a worker line: read), seconds since the epoch.
@@ -270,7 +238,7 @@ impl Frame {
     fn __repr__(&self, py: Python<'_>) -> String {
         format!(
             "Frame(stream={:?}, seq={}, kind={:?}, payload={:?})",
-            self.stream,
+            self.stream.bind(py).to_string(),
             self.seq,
             self.kind,
             String::from_utf8_lossy(self.payload.as_bytes(py))
@@ -282,56 +250,30 @@ impl Frame {
 #[derive(Debug)]
 #[pyclass(frozen, module = "tether._native")]
 pub struct Tail {
-    stream: String,
-    /// An async lock: it is held across the wait for the next frame.
-    state: tokio::sync::Mutex<TailState>,
+    /// Shared by every frame this tail yields.
+    stream: Py<PyString>,
+    /// Locked by one `__next__` at a time; a second thread gets an error
+    /// rather than waiting with the GIL held.
+    state: Mutex<TailState>,
 }
 
 #[derive(Debug)]
 struct TailState {
-    /// `None` once closed.
-    sub: Option<Subscriber>,
-    stream: String,
-    cursor_file: Option<PathBuf>,
-    acks: bool,
-    /// The seq of the frame last yielded, not yet recorded as processed.
-    unsaved: Option<u64>,
+    tail: sdk::Tail,
+    /// Fetched, not yet yielded.
+    ready: VecDeque<TailItem>,
+    /// The seq of the frame last yielded, not yet marked processed.
+    unmarked: Option<u64>,
 }
 
 impl TailState {
-    /// Records the last yielded frame as processed: in the cursor file and,
-    /// for a consumer, as its ack.
-    fn commit(&mut self) -> tether::Result<()> {
-        let Some(seq) = self.unsaved.take() else {
-            return Ok(());
-        };
-        if let Some(path) = &self.cursor_file {
-            cursor::write(path, seq)?;
+    /// Marks the frame last yielded as processed (cursor file, ack).
+    fn mark(&mut self) -> tether::Result<()> {
+        match self.unmarked.take() {
+            Some(seq) if self.tail.records_progress() => self.tail.mark_processed(seq),
+            _ => Ok(()),
         }
-        if let (true, Some(sub)) = (self.acks, self.sub.as_mut()) {
-            sub.ack(seq)?;
-        }
-        Ok(())
     }
-
-    /// Commits, waits until the consumer's ack is durable, and ends.
-    async fn finish(&mut self) -> tether::Result<()> {
-        self.commit()?;
-        if let Some(mut sub) = self.sub.take() {
-            if self.acks {
-                sub.wait_acked().await?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// What one bounded wait for the next event found.
-enum Next {
-    Frame(u64, tether_protocol::Frame),
-    Gap(String),
-    End,
-    Waiting,
 }
 
 #[pymethods]
@@ -344,52 +286,37 @@ impl Tail {
     /// (cursor file, consumer ack): a frame is recorded only once the loop
     /// body that got it has finished.
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Frame>> {
+        let mut state = self.lock()?;
+        state.mark().map_err(to_py)?;
         loop {
-            let next = block_on(py, move || async move {
-                let mut state = self.state.lock().await;
-                state.commit().map_err(|e| e.to_string())?;
-                let Some(sub) = state.sub.as_mut() else {
-                    return Ok(Ok(Next::End));
-                };
-                let next = match tokio::time::timeout(SIGNAL_CHECK, sub.next()).await {
-                    Err(_) => return Ok(Ok(Next::Waiting)),
-                    Ok(next) => next,
-                };
-                let next = match next {
-                    Ok(Some(Event::Frame { seq, frame })) => {
-                        state.unsaved = Some(seq);
-                        Next::Frame(seq, frame)
-                    }
-                    Ok(Some(Event::Gap(gap))) => Next::Gap(gap_message(&state.stream, &gap)),
-                    Ok(Some(Event::End { .. }) | None) => {
-                        if let Err(e) = state.finish().await {
-                            return Ok(Err(e));
-                        }
-                        Next::End
-                    }
-                    Err(e) => return Ok(Err(e)),
-                };
-                Ok::<_, String>(Ok(next))
-            })?;
-            let next = next.map_err(Error::new_err)?.map_err(to_py)?;
-            match next {
-                Next::Frame(seq, frame) => {
-                    let stream = self.stream.clone();
+            match state.ready.pop_front() {
+                Some(TailItem::Frame { seq, frame }) => {
+                    state.unmarked = Some(seq);
                     return Ok(Some(Frame {
-                        stream,
+                        stream: self.stream.clone_ref(py),
                         seq,
                         ts: frame.ts_micros as f64 / 1e6,
                         ts_micros: frame.ts_micros,
-                        kind: kind_name(frame.kind),
+                        kind: frame.kind.as_str(),
                         payload: PyBytes::new(py, &frame.payload).unbind(),
                     }));
                 }
-                Next::Gap(message) => {
+                Some(TailItem::Gap(message)) => {
                     let warning = py.get_type::<PyRuntimeWarning>();
                     PyErr::warn(py, &warning, &std::ffi::CString::new(message)?, 1)?;
                 }
-                Next::End => return Ok(None),
-                Next::Waiting => py.check_signals()?,
+                None => {
+                    let tail = &mut state.tail;
+                    let fetched = block_on(py, move || async move {
+                        tokio::time::timeout(SIGNAL_CHECK, tail.next_batch(BATCH)).await
+                    })?;
+                    match fetched {
+                        Err(_waiting) => py.check_signals()?,
+                        Ok(Ok(Some(batch))) => state.ready.extend(batch),
+                        Ok(Ok(None)) => return Ok(None),
+                        Ok(Err(e)) => return Err(to_py(e)),
+                    }
+                }
             }
         }
     }
@@ -397,11 +324,11 @@ impl Tail {
     /// Records the last frame yielded as processed and ends the
     /// subscription (for a consumer: once its ack is durable).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let outcome = block_on(py, move || async move {
-            let mut state = self.state.lock().await;
-            Ok::<_, String>(state.finish().await)
-        })?;
-        outcome.map_err(Error::new_err)?.map_err(to_py)
+        let mut state = self.lock()?;
+        state.mark().map_err(to_py)?;
+        state.ready.clear();
+        let tail = &mut state.tail;
+        block_on(py, move || tail.close())?.map_err(to_py)
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -419,9 +346,10 @@ impl Tail {
         _tb: Option<Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         if exc_type.is_some_and(|t| !t.is_none()) {
-            let mut state = self.state.blocking_lock();
-            state.unsaved = None;
-            state.sub = None;
+            let mut state = self.lock()?;
+            state.unmarked = None;
+            state.ready.clear();
+            state.tail.abandon();
             return Ok(false);
         }
         self.close(py)?;
@@ -429,37 +357,22 @@ impl Tail {
     }
 }
 
-fn kind_name(kind: FrameKind) -> &'static str {
-    kind.as_str()
-}
-
-/// Locks `m`; a poisoned lock (a panic while it was held) is an error.
-pub fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
-    m.lock()
-        .map_err(|_| Error::new_err("an earlier call failed while holding this object"))
-}
-
-fn json_error(e: serde_json::Error) -> PyErr {
-    crate::ProtocolError::new_err(format!("cannot render the daemon's answer: {e}"))
+impl Tail {
+    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, TailState>> {
+        match self.state.try_lock() {
+            Ok(state) => Ok(state),
+            Err(std::sync::TryLockError::WouldBlock) => Err(Error::new_err(
+                "this tail is being read by another thread; give each thread its own",
+            )),
+            Err(std::sync::TryLockError::Poisoned(_)) => Err(Error::new_err(
+                "an earlier read of this tail failed while holding it",
+            )),
+        }
+    }
 }
 
 /// A JSON value as Python objects, through the `json` module.
 pub fn from_json(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
     let text = value.to_string();
     Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
-}
-
-/// `stream S: frames 5..9 were compacted or lost; continuing at 10`, as
-/// `tether tail` says it.
-fn gap_message(stream: &str, gap: &tether_protocol::Gap) -> String {
-    let last_missing = gap.first_available.saturating_sub(1);
-    let what = if last_missing <= gap.requested {
-        format!("frame {} was", gap.requested)
-    } else {
-        format!("frames {}..{last_missing} were", gap.requested)
-    };
-    format!(
-        "stream {stream}: {what} compacted or lost; continuing at {}",
-        gap.first_available
-    )
 }

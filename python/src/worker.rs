@@ -11,15 +11,11 @@ use tether_protocol::{FrameKind, UserMeta};
 use crate::block_on;
 use crate::errors::worker_to_py;
 
-/// The variable with the attempt number, when the daemon sets one.
-const ENV_ATTEMPT: &str = "TETHER_ATTEMPT";
-
 /// The native worker handle; see `tether.Worker`.
 #[derive(Debug)]
 #[pyclass(frozen, module = "tether._native")]
 pub struct Worker {
     inner: Arc<tether::Worker>,
-    attempt: Option<u64>,
 }
 
 #[pymethods]
@@ -29,12 +25,8 @@ impl Worker {
     #[staticmethod]
     fn from_env() -> PyResult<Self> {
         let inner = tether::Worker::from_env().map_err(worker_to_py)?;
-        let attempt = std::env::var(ENV_ATTEMPT)
-            .ok()
-            .and_then(|v| v.trim().parse().ok());
         Ok(Self {
             inner: Arc::new(inner),
-            attempt,
         })
     }
 
@@ -50,7 +42,7 @@ impl Worker {
 
     #[getter]
     fn attempt(&self) -> Option<u64> {
-        self.attempt
+        self.inner.attempt()
     }
 
     /// The newest valid checkpoint, of exactly `schema_version` when one

@@ -1,5 +1,5 @@
 from os import PathLike
-from typing import Any, Iterable, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
 __version__: str
 
@@ -48,6 +48,18 @@ class Client:
     ) -> Tail: ...
     def status(self) -> dict[str, Any]: ...
     def streams(self) -> list[dict[str, Any]]: ...
+    def run(
+        self,
+        command: list[str],
+        name: Optional[str] = None,
+        restart: str = "on-failure",
+        max_restarts: Optional[int] = None,
+        deadline: Optional[float] = None,
+        cwd: Optional[Union[str, PathLike[str]]] = None,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> str: ...
+    def ps(self, all: bool = False) -> list[dict[str, Any]]: ...
+    def stop(self, id: str, timeout: float = 10.0) -> dict[str, Any]: ...
 
 class Checkpoint:
     data: bytes

@@ -23,7 +23,9 @@ use tether::error::{EXIT_ERROR, EXIT_OK};
 use tether::{Connector, Error, Event, Link, Result, Start, SubscribeOptions, Subscriber};
 use tether_protocol::{ErrorCode, ExecState, ExecutionInfo, Frame, FrameKind, Request, Response};
 
-use super::{output, tail::gap_message, write_stdout, Context};
+use tether::subscriber::gap_message;
+
+use super::{output, write_stdout, Context};
 
 /// How often the execution's state is polled.
 pub const POLL: Duration = Duration::from_millis(250);

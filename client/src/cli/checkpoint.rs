@@ -41,6 +41,7 @@ use tether_protocol::{
 
 use super::output::base64;
 use super::{table, write_stdout, Context};
+use tether::conn::unexpected;
 
 /// Arguments of `tether checkpoint`.
 #[derive(Debug, Args)]
@@ -197,10 +198,6 @@ async fn load(ctx: &Context, execution: &str, schema_version: Option<u32>) -> Re
         write_stdout(&checkpoint.data)?;
     }
     Ok(EXIT_OK)
-}
-
-fn unexpected(wanted: &str, got: &Response) -> Error {
-    Error::Protocol(format!("expected {wanted}, got {}", got.name()))
 }
 
 async fn list(ctx: &Context, execution: &str) -> Result<()> {

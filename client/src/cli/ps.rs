@@ -13,10 +13,9 @@
 //! `last_checkpoint` (`{"seq","created"}` or null).
 
 use clap::Args;
-use serde::Serialize;
-use tether::time::{age, now_micros, Rfc3339};
+use tether::time::{age, now_micros};
 use tether::{Error, Result};
-use tether_protocol::{ErrorCode, ExecutionInfo, ExitStatus, Request, Response};
+use tether_protocol::{ErrorCode, ExecutionInfo, Request, Response};
 
 use super::{table, write_stdout, Context};
 
@@ -116,65 +115,9 @@ fn render(executions: &[ExecutionInfo], now: u64) -> String {
     table::render(&rows)
 }
 
-#[derive(Serialize)]
-struct JsonExecution<'a> {
-    id: &'a str,
-    name: Option<&'a str>,
-    state: &'static str,
-    pid: Option<u32>,
-    attempt: u32,
-    restarts: u32,
-    command: &'a [String],
-    restart: &'static str,
-    last_exit: Option<JsonExit<'a>>,
-    reason: Option<&'a str>,
-    created: String,
-    stream_last_seq: u64,
-    last_checkpoint: Option<JsonCheckpoint>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "snake_case")]
-enum JsonExit<'a> {
-    Code(i32),
-    Signal(i32),
-    SpawnFailed(&'a str),
-}
-
-#[derive(Serialize)]
-struct JsonCheckpoint {
-    seq: u64,
-    created: String,
-}
-
 /// One execution as a JSON line (with its newline).
 pub fn json_line(e: &ExecutionInfo) -> Result<String> {
-    let view = JsonExecution {
-        id: &e.id,
-        name: e.name.as_deref(),
-        state: e.state.as_str(),
-        pid: e.pid,
-        attempt: e.attempt,
-        restarts: e.restarts,
-        command: &e.command,
-        restart: e.restart.as_str(),
-        last_exit: e.last_exit.as_ref().map(|status| match status {
-            ExitStatus::Code(code) => JsonExit::Code(*code),
-            ExitStatus::Signal(signal) => JsonExit::Signal(*signal),
-            ExitStatus::SpawnFailed(reason) => JsonExit::SpawnFailed(reason),
-        }),
-        reason: e.reason.as_deref(),
-        created: Rfc3339(e.created_micros).to_string(),
-        stream_last_seq: e.stream_last_seq,
-        last_checkpoint: e.last_checkpoint.map(|c| JsonCheckpoint {
-            seq: c.seq,
-            created: Rfc3339(c.created_micros).to_string(),
-        }),
-    };
-    let mut line = serde_json::to_string(&view)
-        .map_err(|e| Error::Protocol(format!("cannot render an execution: {e}")))?;
-    line.push('\n');
-    Ok(line)
+    Ok(tether::json::execution(e)?.to_string() + "\n")
 }
 
 #[cfg(test)]
@@ -182,7 +125,7 @@ pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use tether_protocol::{CheckpointRef, ExecState, RestartPolicy};
+    use tether_protocol::{CheckpointRef, ExecState, ExitStatus, RestartPolicy};
 
     const S: u64 = 1_000_000;
 

@@ -16,10 +16,11 @@ use std::time::Duration;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use tether::error::EXIT_OK;
+use tether::sdk::RunOptions;
 use tether::{Error, Result};
 use tether_protocol::{Request, Response, RestartPolicy, RunSpec};
 
-use super::{attach, duration, stop::millis, write_stdout, Context};
+use super::{attach, duration, write_stdout, Context};
 
 /// Arguments of `tether run`.
 #[derive(Debug, Args)]
@@ -109,46 +110,21 @@ async fn submit(ctx: &Context, spec: RunSpec) -> Result<String> {
 
 /// The request for `args`, with `--cwd` made absolute against `cwd`.
 fn spec_of(args: RunArgs, cwd: &dyn Fn() -> std::io::Result<PathBuf>) -> Result<RunSpec> {
-    if args.command.first().is_none_or(String::is_empty) {
-        return Err(Error::Usage("the command's program is empty".into()));
-    }
-    let cwd = match args.cwd {
-        Some(dir) => Some(absolute(&dir, cwd)?),
-        None => None,
-    };
-    Ok(RunSpec {
-        name: args.name,
+    RunOptions {
         command: args.command,
-        cwd,
-        env: args.env,
+        name: args.name,
         restart: args.restart,
         max_restarts: args.max_restarts,
-        deadline_ms: args.deadline.map(millis),
-    })
-}
-
-fn absolute(dir: &std::path::Path, cwd: &dyn Fn() -> std::io::Result<PathBuf>) -> Result<String> {
-    let dir = if dir.is_absolute() {
-        dir.to_path_buf()
-    } else {
-        let base = cwd().map_err(|source| Error::Local {
-            context: "cannot resolve --cwd: the current directory is unknown".into(),
-            source,
-        })?;
-        base.join(dir)
-    };
-    dir.to_str()
-        .map(str::to_owned)
-        .ok_or_else(|| Error::Usage(format!("--cwd {} is not valid UTF-8", dir.display())))
+        deadline: args.deadline,
+        cwd: args.cwd,
+        env: args.env,
+    }
+    .into_spec_in(cwd)
 }
 
 fn restart_policy(s: &str) -> RestartPolicy {
-    match s {
-        "never" => RestartPolicy::Never,
-        "always" => RestartPolicy::Always,
-        // The possible-values parser admits nothing else.
-        _ => RestartPolicy::OnFailure,
-    }
+    // The possible-values parser admits nothing else.
+    RestartPolicy::from_name(s).unwrap_or(RestartPolicy::OnFailure)
 }
 
 /// Clap value parser for `--env K=V`.

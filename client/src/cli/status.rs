@@ -29,14 +29,7 @@ pub async fn run(ctx: &Context) -> Result<()> {
         _ => None,
     };
     let text = if ctx.json {
-        let mut object = serde_json::to_value(&status)
-            .map_err(|e| Error::Protocol(format!("cannot render the status: {e}")))?;
-        if let (Some(map), Some(storage)) = (object.as_object_mut(), &storage) {
-            let storage = serde_json::to_value(storage)
-                .map_err(|e| Error::Protocol(format!("cannot render the status: {e}")))?;
-            map.insert("storage".into(), storage);
-        }
-        object.to_string() + "\n"
+        tether::json::status(&status, storage.as_ref())?.to_string() + "\n"
     } else {
         human(&status, storage.as_ref())
     };

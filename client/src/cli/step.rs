@@ -31,6 +31,7 @@ use tokio::io::AsyncReadExt;
 
 use super::checkpoint::execution;
 use super::{table, write_stdout, Context};
+use tether::conn::unexpected;
 
 /// The exit code of `step run` when tether itself fails (as `docker run`
 /// and `env` use it), kept apart from the codes of CMD.
@@ -243,10 +244,6 @@ async fn list(ctx: &Context, execution: &str) -> Result<()> {
     };
     write_stdout(text.as_bytes())?;
     Ok(())
-}
-
-fn unexpected(wanted: &str, got: &Response) -> Error {
-    Error::Protocol(format!("expected {wanted}, got {}", got.name()))
 }
 
 fn read_stdin() -> Result<Bytes> {

@@ -31,9 +31,7 @@ pub async fn run(ctx: &Context) -> Result<()> {
 fn json_lines(streams: &[StreamInfo]) -> Result<String> {
     let mut text = String::new();
     for stream in streams {
-        let line = serde_json::to_string(stream)
-            .map_err(|e| Error::Protocol(format!("cannot render stream info: {e}")))?;
-        text.push_str(&line);
+        text.push_str(&tether::json::stream(stream)?.to_string());
         text.push('\n');
     }
     Ok(text)

@@ -21,8 +21,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use futures_util::FutureExt;
+use tether::subscriber::gap_message;
 use tether::{Event, Result, Start, SubscribeOptions, Subscriber};
-use tether_protocol::Gap;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use tether::cursor;
@@ -110,17 +110,7 @@ pub async fn run(ctx: &Context, args: TailArgs) -> Result<()> {
 }
 
 fn start_of(args: &TailArgs, stored: Option<u64>) -> Start {
-    if let Some(seq) = stored {
-        Start::After(seq)
-    } else if let Some(seq) = args.from_seq {
-        Start::After(seq.saturating_sub(1))
-    } else if let Some(n) = args.last {
-        Start::Last(n)
-    } else if args.consumer.is_some() {
-        Start::ConsumerAck
-    } else {
-        Start::Oldest
-    }
+    Start::choose(stored, args.from_seq, args.last, args.consumer.is_some())
 }
 
 /// Whether to keep going.
@@ -220,20 +210,6 @@ impl Printer {
     }
 }
 
-/// `stream S: frames 5..9 were compacted or lost; continuing at 10`.
-pub fn gap_message(stream: &str, gap: &Gap) -> String {
-    let last_missing = gap.first_available.saturating_sub(1);
-    let what = if last_missing <= gap.requested {
-        format!("frame {} was", gap.requested)
-    } else {
-        format!("frames {}..{last_missing} were", gap.requested)
-    };
-    format!(
-        "stream {stream}: {what} compacted or lost; continuing at {}",
-        gap.first_available
-    )
-}
-
 /// SIGTERM and SIGINT, as one source.
 struct Signals {
     term: Signal,
@@ -273,26 +249,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-
-    #[test]
-    fn gap_messages_name_the_missing_range_and_the_next_seq() {
-        let gap = Gap {
-            requested: 5,
-            first_available: 10,
-        };
-        assert_eq!(
-            gap_message("s", &gap),
-            "stream s: frames 5..9 were compacted or lost; continuing at 10"
-        );
-        let gap = Gap {
-            requested: 5,
-            first_available: 6,
-        };
-        assert_eq!(
-            gap_message("s", &gap),
-            "stream s: frame 5 was compacted or lost; continuing at 6"
-        );
-    }
 
     fn args(extra: &[&str]) -> TailArgs {
         use clap::Parser;

@@ -46,6 +46,6 @@ pub use endpoint::{connect_unix, Endpoint};
 pub use link::{Link, LinkState};
 
 /// An error for a response that does not belong where it arrived.
-pub(crate) fn unexpected(wanted: &str, got: &Response) -> Error {
+pub fn unexpected(wanted: &str, got: &Response) -> Error {
     Error::Protocol(format!("expected {wanted}, got {}", got.name()))
 }

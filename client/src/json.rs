@@ -1,0 +1,94 @@
+//! JSON views of what the daemon answers, one shape for every reader:
+//! `tether ... --json` prints them and the Python and Node SDKs return them.
+//! Times are RFC 3339 text and enums their lowercase names, so the views
+//! read the same in every language.
+
+use serde::Serialize;
+use serde_json::Value;
+use tether_protocol::{ExecutionInfo, ExitStatus, StatusInfo, StorageState, StreamInfo};
+
+use crate::error::{Error, Result};
+use crate::time::Rfc3339;
+
+/// An execution as `tether ps --json` prints it: the fields `id`, `name`,
+/// `state`, `pid`, `attempt`, `restarts`, `command`, `restart`,
+/// `last_exit` (`{"code":N}`, `{"signal":N}`, `{"spawn_failed":"why"}` or
+/// null), `reason`, `created` (RFC 3339), `stream_last_seq` and
+/// `last_checkpoint` (`{"seq","created"}` or null).
+pub fn execution(e: &ExecutionInfo) -> Result<Value> {
+    let view = JsonExecution {
+        id: &e.id,
+        name: e.name.as_deref(),
+        state: e.state.as_str(),
+        pid: e.pid,
+        attempt: e.attempt,
+        restarts: e.restarts,
+        command: &e.command,
+        restart: e.restart.as_str(),
+        last_exit: e.last_exit.as_ref().map(|status| match status {
+            ExitStatus::Code(code) => JsonExit::Code(*code),
+            ExitStatus::Signal(signal) => JsonExit::Signal(*signal),
+            ExitStatus::SpawnFailed(reason) => JsonExit::SpawnFailed(reason),
+        }),
+        reason: e.reason.as_deref(),
+        created: Rfc3339(e.created_micros).to_string(),
+        stream_last_seq: e.stream_last_seq,
+        last_checkpoint: e.last_checkpoint.map(|c| JsonCheckpoint {
+            seq: c.seq,
+            created: Rfc3339(c.created_micros).to_string(),
+        }),
+    };
+    render(&view, "an execution")
+}
+
+/// The daemon's status as `tether status --json` prints it, with the
+/// storage report as `storage` when the daemon gave one.
+pub fn status(status: &StatusInfo, storage: Option<&StorageState>) -> Result<Value> {
+    let mut object = render(status, "the status")?;
+    if let (Some(map), Some(storage)) = (object.as_object_mut(), storage) {
+        map.insert("storage".into(), render(storage, "the status")?);
+    }
+    Ok(object)
+}
+
+/// A stream as `tether streams --json` prints it: `name`, `first_seq`,
+/// `last_seq`, `frames`, `bytes` and `consumers` (a list of
+/// `{"name","acked_through"}`).
+pub fn stream(info: &StreamInfo) -> Result<Value> {
+    render(info, "stream info")
+}
+
+fn render(value: &impl Serialize, what: &str) -> Result<Value> {
+    serde_json::to_value(value).map_err(|e| Error::Protocol(format!("cannot render {what}: {e}")))
+}
+
+#[derive(Serialize)]
+struct JsonExecution<'a> {
+    id: &'a str,
+    name: Option<&'a str>,
+    state: &'static str,
+    pid: Option<u32>,
+    attempt: u32,
+    restarts: u32,
+    command: &'a [String],
+    restart: &'static str,
+    last_exit: Option<JsonExit<'a>>,
+    reason: Option<&'a str>,
+    created: String,
+    stream_last_seq: u64,
+    last_checkpoint: Option<JsonCheckpoint>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum JsonExit<'a> {
+    Code(i32),
+    Signal(i32),
+    SpawnFailed(&'a str),
+}
+
+#[derive(Serialize)]
+struct JsonCheckpoint {
+    seq: u64,
+    created: String,
+}

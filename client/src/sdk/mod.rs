@@ -1,0 +1,211 @@
+//! What the Python and Node SDKs share, so that each binding only converts
+//! values and maps errors: one implementation of publishing, tailing and
+//! supervising for every language.
+//!
+//! * [`Client`]: one daemon endpoint; publishes with producer seqs that go
+//!   on increasing from one call to the next, answers status, streams and
+//!   the supervisor's run, ps and stop as the CLI's JSON views.
+//! * [`Tail`]: a reader that hands out frames in batches and records what
+//!   the caller processed in a cursor file or as consumer acks.
+//! * [`RunOptions`]: a worker to start, as `tether run` takes it.
+//! * [`ErrorClass`]: which exception each SDK raises for an error.
+
+mod error_class;
+mod run;
+mod tail;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::Value;
+use tether_protocol::{Request, Response};
+use tokio::sync::Mutex;
+
+use crate::conn::{unexpected, ConnectOptions, Connector, Endpoint};
+use crate::error::{Error, Result};
+use crate::publisher::{Publisher, PublisherOptions};
+use crate::subscriber::{Start, SubscribeOptions, Subscriber};
+use crate::{cursor, json};
+
+pub use error_class::ErrorClass;
+pub use run::RunOptions;
+pub use tail::{Tail, TailItem, TailOptions};
+
+/// A publisher and the producer seq its next frame gets.
+#[derive(Debug)]
+struct Producing {
+    publisher: Publisher,
+    next_seq: u64,
+}
+
+/// A client of one daemon; see the module docs.
+#[derive(Debug)]
+pub struct Client {
+    connector: Connector,
+    /// One publisher per (stream, producer), kept so that producer seqs go
+    /// on increasing from one `publish` call to the next.
+    publishers: Mutex<HashMap<(String, String), Producing>>,
+    /// The producer name used when `publish` is given none: unique to
+    /// this client, so two clients never deduplicate each other's frames.
+    default_producer: String,
+}
+
+impl Client {
+    /// A client of the daemon at `endpoint`. `language` names the SDK in
+    /// the daemon's logs and in the default producer name
+    /// (`LANGUAGE-PID-NANOS`).
+    pub fn new(endpoint: Endpoint, mut options: ConnectOptions, language: &str) -> Self {
+        options.client = format!("tether-{language} {}", env!("CARGO_PKG_VERSION"));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        Self {
+            connector: Connector::new(endpoint, options),
+            publishers: Mutex::new(HashMap::new()),
+            default_producer: format!("{language}-{}-{nanos}", std::process::id()),
+        }
+    }
+
+    /// The endpoint: `None` for the standard local socket, else a path or
+    /// an `ssh://` URL, as the bindings' constructors take it.
+    pub fn endpoint_of(socket: Option<std::path::PathBuf>, host: Option<&str>) -> Result<Endpoint> {
+        match (socket, host) {
+            (Some(_), Some(_)) => Err(Error::Usage("give socket or host, not both".into())),
+            (Some(path), None) => Ok(Endpoint::unix(path)),
+            (None, Some(url)) => Endpoint::ssh(url),
+            (None, None) => Ok(Endpoint::default_local()),
+        }
+    }
+
+    /// The connector, for what this module does not cover (a `Worker`).
+    pub fn connector(&self) -> &Connector {
+        &self.connector
+    }
+
+    /// Appends each payload as one frame of kind `data` and returns once
+    /// all are durable. Producer seqs count what this client published as
+    /// `producer` to `stream`, from 1: a program run again that publishes
+    /// the same items as the same producer stores nothing twice.
+    pub async fn publish(
+        &self,
+        stream: &str,
+        producer: Option<&str>,
+        payloads: Vec<Bytes>,
+    ) -> Result<()> {
+        let producer = producer.unwrap_or(&self.default_producer);
+        let mut publishers = self.publishers.lock().await;
+        let key = (stream.to_owned(), producer.to_owned());
+        let producing = match publishers.entry(key) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let publisher = Publisher::new(
+                    self.connector.clone(),
+                    stream.to_owned(),
+                    producer.to_owned(),
+                    PublisherOptions::default(),
+                )?;
+                entry.insert(Producing {
+                    publisher,
+                    next_seq: 1,
+                })
+            }
+        };
+        for payload in payloads {
+            producing
+                .publisher
+                .publish(producing.next_seq, payload)
+                .await?;
+            producing.next_seq += 1;
+        }
+        producing.publisher.flush().await
+    }
+
+    /// Opens a reader of `options.stream`; see [`Tail`].
+    pub async fn tail(&self, options: TailOptions) -> Result<Tail> {
+        if options.from_seq.is_some() && options.last.is_some() {
+            return Err(Error::Usage("give from_seq or last, not both".into()));
+        }
+        let stored = match &options.cursor_file {
+            Some(path) => cursor::read(path)?,
+            None => None,
+        };
+        let subscribe = SubscribeOptions {
+            stream: options.stream.clone(),
+            start: Start::choose(
+                stored,
+                options.from_seq,
+                options.last,
+                options.consumer.is_some(),
+            ),
+            follow: options.follow,
+            consumer: options.consumer.clone(),
+        };
+        let sub = Subscriber::open(self.connector.clone(), subscribe).await?;
+        Ok(Tail::new(sub, options))
+    }
+
+    /// The daemon's status, as `tether status --json` prints it.
+    pub async fn status(&self) -> Result<Value> {
+        let status = match self.connector.request(&Request::Status).await? {
+            Response::Status(status) => status,
+            other => return Err(unexpected("Status", &other)),
+        };
+        // A daemon that predates the storage report refuses it.
+        let storage = match self.connector.request(&Request::Storage).await {
+            Ok(Response::Storage(storage)) => Some(storage),
+            _ => None,
+        };
+        json::status(&status, storage.as_ref())
+    }
+
+    /// Every stream, as `tether streams --json` prints them.
+    pub async fn streams(&self) -> Result<Value> {
+        match self.connector.request(&Request::ListStreams).await? {
+            Response::Streams(streams) => streams.iter().map(json::stream).collect(),
+            other => Err(unexpected("Streams", &other)),
+        }
+    }
+
+    /// Starts a supervised worker and returns its execution id (also its
+    /// stream's name). The request is sent once, never retried: after a
+    /// connection failure the worker may have started (check `ps`).
+    pub async fn run(&self, options: RunOptions) -> Result<String> {
+        let spec = options.into_spec()?;
+        let mut conn = self.connector.connect().await?;
+        match conn.request(&Request::Run(spec)).await? {
+            Response::Started { execution } => Ok(execution),
+            other => Err(unexpected("Started", &other)),
+        }
+    }
+
+    /// The executions that have not ended (`all`: every one), oldest
+    /// first, as `tether ps --json` prints them.
+    pub async fn ps(&self, all: bool) -> Result<Value> {
+        let mut executions = match self
+            .connector
+            .request(&Request::ListExecutions { all })
+            .await?
+        {
+            Response::Executions(executions) => executions,
+            other => return Err(unexpected("Executions", &other)),
+        };
+        executions.sort_by(|a, b| (a.created_micros, &a.id).cmp(&(b.created_micros, &b.id)));
+        executions.iter().map(json::execution).collect()
+    }
+
+    /// Stops an execution as `tether stop` does (SIGTERM, SIGKILL after
+    /// `timeout`) and returns it as it ended.
+    pub async fn stop(&self, execution: &str, timeout: Duration) -> Result<Value> {
+        let request = Request::Stop {
+            execution: execution.to_owned(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        // Stop is idempotent, so a session lost while waiting is retried.
+        match self.connector.request(&request).await? {
+            Response::Stopped(info) => json::execution(&info),
+            other => Err(unexpected("Stopped", &other)),
+        }
+    }
+}
