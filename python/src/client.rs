@@ -292,19 +292,9 @@ impl Tail {
             match state.ready.pop_front() {
                 Some(TailItem::Frame { seq, frame }) => {
                     state.unmarked = Some(seq);
-                    return Ok(Some(Frame {
-                        stream: self.stream.clone_ref(py),
-                        seq,
-                        ts: frame.ts_micros as f64 / 1e6,
-                        ts_micros: frame.ts_micros,
-                        kind: frame.kind.as_str(),
-                        payload: PyBytes::new(py, &frame.payload).unbind(),
-                    }));
+                    return Ok(Some(self.frame(py, seq, &frame)));
                 }
-                Some(TailItem::Gap(message)) => {
-                    let warning = py.get_type::<PyRuntimeWarning>();
-                    PyErr::warn(py, &warning, &std::ffi::CString::new(message)?, 1)?;
-                }
+                Some(TailItem::Gap(message)) => warn_gap(py, &message)?,
                 None => {
                     let tail = &mut state.tail;
                     let fetched = block_on(py, move || async move {
@@ -319,6 +309,52 @@ impl Tail {
                 }
             }
         }
+    }
+
+    /// For `tether.aio`: up to `max` frames, waiting at most `wait`
+    /// seconds for the first (an empty list when none came); None at the
+    /// end. Marks nothing processed: the caller calls `_mark`.
+    #[pyo3(signature = (max, wait))]
+    fn _take(&self, py: Python<'_>, max: usize, wait: f64) -> PyResult<Option<Vec<Frame>>> {
+        let wait = seconds(wait, "wait")?;
+        let mut state = self.lock()?;
+        if state.ready.is_empty() {
+            let tail = &mut state.tail;
+            let fetched = block_on(py, move || async move {
+                tokio::time::timeout(wait, tail.next_batch(max)).await
+            })?;
+            match fetched {
+                Err(_waited) => return Ok(Some(Vec::new())),
+                Ok(Ok(Some(batch))) => state.ready.extend(batch),
+                Ok(Ok(None)) => return Ok(None),
+                Ok(Err(e)) => return Err(to_py(e)),
+            }
+        }
+        let mut frames = Vec::new();
+        while frames.len() < max.max(1) {
+            match state.ready.pop_front() {
+                Some(TailItem::Frame { seq, frame }) => frames.push(self.frame(py, seq, &frame)),
+                Some(TailItem::Gap(message)) => warn_gap(py, &message)?,
+                None => break,
+            }
+        }
+        Ok(Some(frames))
+    }
+
+    /// For `tether.aio`: records every frame through `seq` as processed.
+    fn _mark(&self, seq: u64) -> PyResult<()> {
+        let mut state = self.lock()?;
+        if state.tail.records_progress() {
+            state.tail.mark_processed(seq).map_err(to_py)?;
+        }
+        Ok(())
+    }
+
+    /// True when processed frames are recorded (a cursor file or a
+    /// consumer), so `_mark` has work to do.
+    #[getter]
+    fn _records_progress(&self) -> PyResult<bool> {
+        Ok(self.lock()?.tail.records_progress())
     }
 
     /// Records the last frame yielded as processed and ends the
@@ -358,6 +394,17 @@ impl Tail {
 }
 
 impl Tail {
+    fn frame(&self, py: Python<'_>, seq: u64, frame: &tether_protocol::Frame) -> Frame {
+        Frame {
+            stream: self.stream.clone_ref(py),
+            seq,
+            ts: frame.ts_micros as f64 / 1e6,
+            ts_micros: frame.ts_micros,
+            kind: frame.kind.as_str(),
+            payload: PyBytes::new(py, &frame.payload).unbind(),
+        }
+    }
+
     fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, TailState>> {
         match self.state.try_lock() {
             Ok(state) => Ok(state),
@@ -369,6 +416,12 @@ impl Tail {
             )),
         }
     }
+}
+
+/// A gap notice as a `RuntimeWarning`.
+fn warn_gap(py: Python<'_>, message: &str) -> PyResult<()> {
+    let warning = py.get_type::<PyRuntimeWarning>();
+    PyErr::warn(py, &warning, &std::ffi::CString::new(message)?, 1)
 }
 
 /// A JSON value as Python objects, through the `json` module.

@@ -1,6 +1,9 @@
+import sys
+
 import pytest
 
 import tether
+from conftest import wait_for
 
 
 def lines(frames):
@@ -91,3 +94,25 @@ def test_errors_map_to_exception_classes(daemon, tmp_path):
     assert issubclass(tether.Unreachable, tether.Error)
     with pytest.raises(TypeError):
         c.publish("s", "not a list")
+
+
+def test_run_ps_and_stop_a_worker(daemon, tmp_path):
+    c = daemon.client()
+    execution = c.run(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+        name="sleeper",
+        restart="never",
+        cwd=tmp_path,
+        env={"A": "1"},
+    )
+    live = c.ps()
+    assert [(e["id"], e["name"], e["restart"]) for e in live] == [(execution, "sleeper", "never")]
+    wait_for(lambda: c.ps()[0]["state"] == "running", "the worker to run")
+    stopped = c.stop(execution, timeout=5)
+    assert (stopped["id"], stopped["state"]) == (execution, "cancelled")
+    assert c.ps() == []
+    assert [e["state"] for e in c.ps(all=True)] == ["cancelled"]
+    with pytest.raises(tether.NotFound):
+        c.stop("no-such-execution")
+    with pytest.raises(ValueError, match="restart must be"):
+        c.run(["true"], restart="sometimes")
