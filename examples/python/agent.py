@@ -6,7 +6,7 @@ calls a tool to do it. Every model call and tool call is a durable step
 instead of running again. A checkpoint per turn lets a restarted attempt
 skip the turns already done.
 
-    tether run --env AGENT_EFFECTS=$PWD/effects.log -- python3 examples/python/agent.py
+    tether run --cwd "$PWD" --env AGENT_EFFECTS="$PWD/effects.log" -- python3 examples/python/agent.py
 
 Settings (environment):
     AGENT_TURNS    number of turns (default 5)

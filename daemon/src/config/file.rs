@@ -497,6 +497,38 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_sample_parses_and_changes_no_default() {
+        let sample = include_str!("../../../systemd/tetherd.toml");
+        let file = parse(sample).unwrap();
+        let mut config = base();
+        config.apply_file(&file);
+        assert_eq!(format!("{config:?}"), format!("{:?}", base()));
+        // Every key the file may hold appears in the sample, set or
+        // commented out.
+        for key in [
+            "log_level",
+            "max_frame_len",
+            "max_connections",
+            "max_connections_per_uid",
+            "max_partial_bytes",
+            "log_capacity",
+            "[socket]",
+            "mode",
+            "group",
+            "[access]",
+            "readers",
+            "[retention]",
+            "max_frames",
+            "max_bytes",
+            "max_age_secs",
+            "[restart]",
+            "max_restarts",
+        ] {
+            assert!(sample.contains(key), "the sample lacks {key}");
+        }
+    }
+
+    #[test]
     fn a_full_file_sets_every_key() {
         let file = parse(
             r#"
