@@ -1,0 +1,177 @@
+//! Supervision: what `tether run` asks for, and what a shim and the daemon
+//! tell each other about a worker.
+
+// One module in several files: the message types name each other freely,
+// in code and in doc links.
+use super::*;
+
+/// When a worker that ended is started again.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RestartPolicy {
+    /// Never: the first exit ends the execution.
+    Never,
+    /// After a failure (non-zero exit, signal, lost shim), not after exit 0.
+    OnFailure,
+    /// After every exit, until `max_restarts` or the deadline.
+    Always,
+}
+
+impl RestartPolicy {
+    /// The spelling used on the command line and in output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartPolicy::Never => "never",
+            RestartPolicy::OnFailure => "on-failure",
+            RestartPolicy::Always => "always",
+        }
+    }
+
+    /// The policy [`RestartPolicy::as_str`] spells `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Never, Self::OnFailure, Self::Always]
+            .into_iter()
+            .find(|policy| policy.as_str() == name)
+    }
+}
+
+/// What `tether run` asks the daemon to start.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct RunSpec {
+    /// A label for `tether ps`; not unique.
+    pub name: Option<String>,
+    /// Program and arguments; never empty.
+    pub command: Vec<String>,
+    /// Working directory of the worker; the daemon's own when `None`.
+    pub cwd: Option<String>,
+    /// Variables added to the worker's environment.
+    pub env: Vec<(String, String)>,
+    pub restart: RestartPolicy,
+    /// Restarts allowed after the first attempt; `None` is unlimited.
+    pub max_restarts: Option<u32>,
+    /// No attempt starts more than this long after the run was submitted.
+    pub deadline_ms: Option<u64>,
+}
+
+/// The lifecycle of an execution. See the supervisor's transition table.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExecState {
+    /// Recorded, no shim started yet.
+    Pending,
+    /// A shim has been started for the current attempt.
+    Starting,
+    /// The shim reported the worker running.
+    Running,
+    /// Waiting to start the next attempt.
+    Backoff,
+    /// The worker exited 0 and no restart follows. Final.
+    Completed,
+    /// The attempt failed; final unless a restart follows.
+    Failed,
+    /// Stopped by `tether stop`. Final.
+    Cancelled,
+    /// The shim vanished without reporting the worker's exit.
+    Lost,
+}
+
+impl ExecState {
+    /// The lowercase name used in output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecState::Pending => "pending",
+            ExecState::Starting => "starting",
+            ExecState::Running => "running",
+            ExecState::Backoff => "backoff",
+            ExecState::Completed => "completed",
+            ExecState::Failed => "failed",
+            ExecState::Cancelled => "cancelled",
+            ExecState::Lost => "lost",
+        }
+    }
+}
+
+/// How a worker ended.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// It exited with this code.
+    Code(i32),
+    /// It was killed by this signal.
+    Signal(i32),
+    /// It could not be started at all (no such program, bad cwd, ...).
+    SpawnFailed(String),
+}
+
+/// One row of `tether ps`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ExecutionInfo {
+    /// Also the name of the execution's output stream.
+    pub id: String,
+    pub name: Option<String>,
+    pub state: ExecState,
+    /// The current attempt's worker pid, while one runs.
+    pub pid: Option<u32>,
+    /// Attempts so far, the first included.
+    pub attempt: u32,
+    /// Attempts after the first.
+    pub restarts: u32,
+    pub command: Vec<String>,
+    pub restart: RestartPolicy,
+    /// How the last attempt ended, once one has.
+    pub last_exit: Option<ExitStatus>,
+    /// Why the execution is in its state, when there is more to say
+    /// ("deadline", "max restarts", "exit code 78 is not retried").
+    pub reason: Option<String>,
+    pub created_micros: u64,
+    /// The output stream's last seq.
+    pub stream_last_seq: u64,
+    /// The newest checkpoint: its stream seq and creation time.
+    pub last_checkpoint: Option<CheckpointRef>,
+}
+
+/// Where and when a checkpoint was taken.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointRef {
+    pub seq: u64,
+    pub created_micros: u64,
+}
+
+/// See [`Request::ShimHello`]. Identifies the processes by pid *and* start
+/// time (field 22 of /proc/PID/stat) within one boot, so that a recycled
+/// pid is never mistaken for them.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ShimHello {
+    pub execution: String,
+    pub attempt: u32,
+    pub shim_pid: u32,
+    pub shim_start_ticks: u64,
+    /// `None` when the worker could not be started (a `WorkerExited` with
+    /// `SpawnFailed` follows).
+    pub worker_pid: Option<u32>,
+    pub worker_start_ticks: u64,
+    /// /proc/sys/kernel/random/boot_id
+    pub boot_id: String,
+}
+
+/// See [`Request::WorkerExited`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct WorkerExited {
+    pub execution: String,
+    pub attempt: u32,
+    pub status: ExitStatus,
+}
+
+/// What the daemon hands a shim on its stdin (one codec frame) when it
+/// starts it: everything needed to start the worker and report back.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ShimSpec {
+    pub execution: String,
+    pub attempt: u32,
+    /// The daemon's socket, also given to the worker as `TETHER_SOCKET`.
+    pub socket: String,
+    pub command: Vec<String>,
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    /// Sets `TETHER_RESUMED=1` for the worker.
+    pub resumed: bool,
+    /// Longest line kept as one frame; longer lines are split.
+    pub max_line: u32,
+}
