@@ -244,9 +244,10 @@ impl Error {
             | Error::Protocol(tether_protocol::Error::FrameTooLarge { .. }) => {
                 ErrorCode::FRAME_TOO_LARGE
             }
-            Error::Protocol(tether_protocol::Error::InvalidName { .. }) => {
-                ErrorCode::INVALID_REQUEST
-            }
+            Error::Protocol(
+                tether_protocol::Error::InvalidName { .. }
+                | tether_protocol::Error::ReservedKind { .. },
+            ) => ErrorCode::INVALID_REQUEST,
             Error::Protocol(_) => ErrorCode::MALFORMED,
             Error::AlreadyRunning { .. } | Error::Config(_) => ErrorCode::INTERNAL,
         }

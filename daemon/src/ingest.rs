@@ -89,11 +89,17 @@ impl IngestAppend {
     }
 }
 
-/// Checks the stream and producer names of a batch. A name shared with the
-/// append before it was checked with that one.
+/// Checks the stream and producer names of a batch, and that no append is
+/// of the kind only the daemon writes. A name shared with the append before
+/// it was checked with that one.
 pub fn validate(appends: &[IngestAppend]) -> Result<(), Error> {
     let mut previous: Option<&IngestAppend> = None;
     for a in appends {
+        if a.kind == FrameKind::Event {
+            return Err(Error::ReservedKind {
+                kind: FrameKind::Event.as_str(),
+            });
+        }
         if previous.is_none_or(|p| p.stream != a.stream) {
             validate_name("stream", &a.stream)?;
         }
@@ -901,5 +907,25 @@ mod tests {
         assert!(err.to_string().contains("bad name"), "{err}");
         let err = validate(&[a("", "p")]).unwrap_err();
         assert!(err.to_string().contains("stream"), "{err}");
+    }
+
+    #[test]
+    fn validate_refuses_the_daemons_own_kind() {
+        let append = |kind| {
+            IngestAppend::from(Append {
+                stream: "s".into(),
+                producer: "p".into(),
+                producer_seq: 1,
+                kind,
+                payload: Bytes::new(),
+            })
+        };
+        assert!(validate(&[append(FrameKind::User)]).is_ok());
+        let err = validate(&[append(FrameKind::Data), append(FrameKind::Event)]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "frames of kind event are written only by tetherd (lifecycle events); \
+             a worker's own events are kind user"
+        );
     }
 }

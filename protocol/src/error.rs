@@ -47,6 +47,13 @@ pub enum Error {
         why: &'static str,
     },
 
+    /// An append of a kind only the daemon writes.
+    #[error(
+        "frames of kind {kind} are written only by tetherd (lifecycle events); \
+         a worker's own events are kind user"
+    )]
+    ReservedKind { kind: &'static str },
+
     /// A part of an answer sent in several messages was followed by a
     /// message that does not continue it.
     #[error("a {part} message was followed by {got}, not the rest of its answer")]

@@ -299,6 +299,14 @@ fn response_fixtures() -> Vec<(Response, &'static str)> {
             "00000004 05 00 03 00",
         ),
         (
+            Response::Live(Frame {
+                ts_micros: 0,
+                kind: FrameKind::User,
+                payload: Bytes::new(),
+            }),
+            "00000004 05 00 04 00",
+        ),
+        (
             Response::Gap(Gap {
                 requested: 3,
                 first_available: 200,
@@ -768,6 +776,7 @@ fn every_start_position_and_frame_kind_has_a_fixture() {
         FrameKind::Stdout,
         FrameKind::Stderr,
         FrameKind::Event,
+        FrameKind::User,
     ] {
         assert!(kinds.contains(&kind), "no fixture carries {kind:?}");
     }

@@ -46,6 +46,7 @@ fn frame_kind() -> impl Strategy<Value = FrameKind> {
         Just(FrameKind::Stdout),
         Just(FrameKind::Stderr),
         Just(FrameKind::Event),
+        Just(FrameKind::User),
     ]
 }
 

@@ -123,19 +123,12 @@ impl Worker {
         .map_err(worker_to_py)
     }
 
-    /// Appends one frame of `kind` (`stdout`, `stderr` or `event`) to the
-    /// execution's stream; durable when this returns.
+    /// Appends one frame of `kind` (`stdout`, `stderr`, `user`, ...) to
+    /// the execution's stream; durable when this returns.
     fn emit(&self, py: Python<'_>, kind: &str, payload: Vec<u8>) -> PyResult<()> {
-        let kind = match kind {
-            "stdout" => FrameKind::Stdout,
-            "stderr" => FrameKind::Stderr,
-            "event" => FrameKind::Event,
-            other => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "unknown frame kind {other:?}"
-                )))
-            }
-        };
+        let kind = FrameKind::from_name(kind).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!("unknown frame kind {kind:?}"))
+        })?;
         let inner = Arc::clone(&self.inner);
         block_on(py, move || async move { inner.emit(kind, payload).await })?.map_err(worker_to_py)
     }

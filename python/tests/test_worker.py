@@ -67,7 +67,7 @@ def test_a_step_is_not_run_again_after_the_worker_is_killed(daemon, tmp_path):
         for f in daemon.client().tail(execution)
         if f.kind == "stdout" or f.text.startswith("{\"tokens")
     ]
-    assert mine == [("stdout", "a line"), ("event", '{"tokens":1200}')] * 2
+    assert mine == [("stdout", "a line"), ("user", '{"tokens":1200}')] * 2
 
 
 def test_outside_a_worker_from_env_says_so(monkeypatch):
@@ -154,3 +154,31 @@ def test_a_cleared_step_runs_again(daemon, tmp_path):
         """,
     )
     assert got == repr([{"run": 1}, {"run": 1}, {"run": 2}, {"run": 2}, [1, 2]]) + "\n"
+
+
+def test_events_are_kind_user_and_the_daemons_kind_is_refused(daemon, tmp_path):
+    got = run_worker(
+        daemon,
+        tmp_path,
+        """
+        import os
+        import tether
+
+        w = tether.Worker.from_env()
+        w.event({"tokens": 3})
+        try:
+            w._native.emit("event", b"{}")
+            refused = None
+        except tether.Refused as e:
+            refused = str(e)
+        with open(os.environ["OUT"] + "/result", "w") as f:
+            f.write(repr(refused) + "\\n")
+        """,
+    )
+    assert got == repr(
+        "frames of kind event are written only by tetherd (lifecycle events); "
+        "a worker's own events are kind user (invalid_request)"
+    ) + "\n"
+    execution = daemon.client().ps(all=True)[0]["id"]
+    kinds = [(f.kind, f.text) for f in daemon.client().tail(execution) if f.kind != "event"]
+    assert kinds == [("user", '{"tokens":3}')]

@@ -129,8 +129,8 @@ class Worker:
         self._native.emit("stdout", line.encode() if isinstance(line, str) else bytes(line))
 
     def event(self, data: dict) -> None:
-        """Appends ``data`` as one JSON frame of kind ``event``."""
-        self._native.emit("event", _encode(data))
+        """Appends ``data`` as one JSON frame of kind ``user``."""
+        self._native.emit("user", _encode(data))
 
 
 def _decode_step(recorded: bytes) -> Any:

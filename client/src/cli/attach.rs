@@ -227,7 +227,7 @@ impl Printer {
     fn frame(&mut self, seq: u64, frame: &Frame) -> Result<bool> {
         let (target, prefix): (Target, &[u8]) = match (self.json, frame.kind) {
             (true, _) => (Target::Stdout, b""),
-            (false, FrameKind::Stdout | FrameKind::Data) => (Target::Stdout, b""),
+            (false, FrameKind::Stdout | FrameKind::Data | FrameKind::User) => (Target::Stdout, b""),
             (false, FrameKind::Stderr) => (Target::Stderr, b""),
             (false, FrameKind::Event) => (Target::Stderr, b"tether: "),
         };

@@ -61,8 +61,11 @@ pub enum FrameKind {
     Stdout,
     /// A line a supervised worker wrote to stderr.
     Stderr,
-    /// A lifecycle event written by the daemon ("started pid 123").
+    /// A lifecycle event written by the daemon ("started pid 123"); no
+    /// client may append one.
     Event,
+    /// An event a worker wrote through an SDK (`w.event`), a JSON payload.
+    User,
 }
 
 impl FrameKind {
@@ -73,7 +76,21 @@ impl FrameKind {
             FrameKind::Stdout => "stdout",
             FrameKind::Stderr => "stderr",
             FrameKind::Event => "event",
+            FrameKind::User => "user",
         }
+    }
+
+    /// The kind [`FrameKind::as_str`] spells `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            Self::Data,
+            Self::Stdout,
+            Self::Stderr,
+            Self::Event,
+            Self::User,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == name)
     }
 }
 
