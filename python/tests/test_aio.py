@@ -122,4 +122,4 @@ def test_an_async_step_is_not_run_again_after_the_worker_is_killed(daemon, tmp_p
     assert (out / "attempt-0").read_text() == repr(({"n": 1}, None, None))
     assert (out / "attempt-1").read_text() == repr(({"n": 1}, {"turn": 1}, {"phase": "plan"}))
     lines = [f.text for f in daemon.client().tail(execution) if f.kind == "stdout"]
-    assert len(lines) == 2 and all(line.startswith("line ") for line in lines)
+    assert lines == ["line 1", "line 2"]

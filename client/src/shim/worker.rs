@@ -1,8 +1,9 @@
 //! Starting the worker and reading how it ended.
 //!
 //! The worker gets the spec's program, arguments, working directory and
-//! environment, plus `TETHER_EXECUTION_ID`, `TETHER_SOCKET` and (only when
-//! the spec says it was resumed) `TETHER_RESUMED=1`; these are set last so
+//! environment, plus `TETHER_EXECUTION_ID`, `TETHER_SOCKET`, `TETHER_ATTEMPT`
+//! (1, 2, ...) and (only when the spec says it was resumed)
+//! `TETHER_RESUMED=1`; these are set last so
 //! that the spec's variables cannot fake them. Its stdin is /dev/null and
 //! its stdout and stderr are pipes held by the shim. The shim is its parent
 //! and reaps it.
@@ -50,7 +51,8 @@ pub fn spawn(spec: &ShimSpec) -> Result<Worker, String> {
         .stderr(Stdio::piped())
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .env("TETHER_EXECUTION_ID", &spec.execution)
-        .env("TETHER_SOCKET", &spec.socket);
+        .env("TETHER_SOCKET", &spec.socket)
+        .env("TETHER_ATTEMPT", spec.attempt.to_string());
     if spec.resumed {
         command.env("TETHER_RESUMED", "1");
     } else {

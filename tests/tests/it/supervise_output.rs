@@ -10,13 +10,14 @@ use tether_tests::supervise::{payloads, Supervised};
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 #[test]
-fn the_worker_sees_its_execution_id_socket_env_and_cwd() {
+fn the_worker_sees_its_execution_id_socket_attempt_env_and_cwd() {
     let sup = Supervised::start();
     let dir = sup.sb().path().to_str().unwrap().to_owned();
     let id = sup.run_sh(
         &["--env", "GREETING=hello there"],
         "echo \"id=$TETHER_EXECUTION_ID\"; echo \"socket=$TETHER_SOCKET\"; \
-         echo \"resumed=${TETHER_RESUMED:-unset}\"; echo \"greeting=$GREETING\"; \
+         echo \"resumed=${TETHER_RESUMED:-unset}\"; echo \"attempt=$TETHER_ATTEMPT\"; \
+         echo \"greeting=$GREETING\"; \
          echo \"cwd=$(pwd)\"; echo oops >&2",
     );
     sup.wait_state(&id, "completed", TIMEOUT);
@@ -29,6 +30,7 @@ fn the_worker_sees_its_execution_id_socket_env_and_cwd() {
             format!("id={id}"),
             format!("socket={}", socket.display()),
             "resumed=unset".to_owned(),
+            "attempt=1".to_owned(),
             "greeting=hello there".to_owned(),
             format!("cwd={dir}"),
         ]
