@@ -13,7 +13,17 @@ pub enum Error {
     /// The store file exists but is not a readable redb database. The daemon
     /// refuses to start and does not touch the file.
     #[error("store {path} is corrupt or unreadable: {detail}")]
-    CorruptStore { path: PathBuf, detail: String },
+    CorruptStore {
+        path: PathBuf,
+        /// The whole description, the source's words included.
+        detail: String,
+        /// The failure that found the file unreadable (redb's, or the
+        /// file system's); none where the daemon's own checks did (a
+        /// schema version it cannot read, records missing from the log,
+        /// a panic inside redb).
+        #[source]
+        source: Option<StorageSource>,
+    },
 
     /// The store is damaged: acknowledged data may be lost. The daemon
     /// refuses to start (exit 65) and changes no byte of the state

@@ -13,7 +13,7 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable};
 use super::schema::{META, META_WAL_APPLIED, META_WAL_CAPACITY, META_WAL_RESUME, META_WAL_TAIL};
 use super::storage;
 use super::txn::{abort, commit, tables};
-use crate::error::is_disk_full;
+use crate::error::{is_disk_full, StorageSource};
 use crate::store_io::{Headroom, Opener, RedbFile};
 use crate::wal::{self, Wal};
 use crate::{Error, Result};
@@ -121,6 +121,7 @@ pub(super) fn going_round_with(db: &Database, path: &Path) -> Result<Option<u64>
     let corrupt = |e: redb::Error| Error::CorruptStore {
         path: path.to_path_buf(),
         detail: e.to_string(),
+        source: Some(e.into()),
     };
     let txn = db.begin_read().map_err(|e| corrupt(e.into()))?;
     let meta = match txn.open_table(META) {
@@ -160,9 +161,10 @@ pub(super) fn open_database(
         // As redb reports a file it cannot open itself.
         Err(e) => Ok(Err(redb::DatabaseError::from(e))),
     };
-    let corrupt = |detail: String| Error::CorruptStore {
+    let corrupt = |detail: String, source: Option<StorageSource>| Error::CorruptStore {
         path: path.to_path_buf(),
         detail,
+        source,
     };
     match opened {
         Ok(Ok(db)) => Ok(db),
@@ -180,7 +182,7 @@ pub(super) fn open_database(
                     source: Some(e.into()),
                 })
             } else if existed && e.kind() != io::ErrorKind::PermissionDenied {
-                Err(corrupt(e.to_string()))
+                Err(corrupt(e.to_string(), Some(e.into())))
             } else {
                 Err(Error::io(
                     format!("cannot open store {}", path.display()),
@@ -188,9 +190,9 @@ pub(super) fn open_database(
                 ))
             }
         }
-        Ok(Err(e)) if existed => Err(corrupt(e.to_string())),
+        Ok(Err(e)) if existed => Err(corrupt(e.to_string(), Some(redb::Error::from(e).into()))),
         Ok(Err(e)) => Err(storage(e)),
-        Err(panic) => Err(corrupt(panic_message(&panic))),
+        Err(panic) => Err(corrupt(panic_message(&panic), None)),
     }
 }
 
@@ -406,10 +408,20 @@ mod tests {
         std::fs::write(&path, vec![0x5a; 64 * 1024]).unwrap();
         std::fs::write(path.with_extension("wal"), b"").unwrap();
         let before = std::fs::read(&path).unwrap();
-        match Store::open(&path) {
-            Err(Error::CorruptStore { path: p, .. }) => assert_eq!(p, path),
+        let err = match Store::open(&path) {
+            Err(err @ Error::CorruptStore { .. }) => err,
             other => panic!("expected CorruptStore, got {other:?}"),
-        }
+        };
+        let Error::CorruptStore {
+            path: p, detail, ..
+        } = &err
+        else {
+            unreachable!()
+        };
+        assert_eq!(p, &path);
+        // redb's error stays the source, not only its words.
+        let source = std::error::Error::source(&err).expect("redb's error as the source");
+        assert_eq!(&source.to_string(), detail);
         assert_eq!(
             std::fs::read(&path).unwrap(),
             before,

@@ -199,6 +199,7 @@ pub(super) fn check_version(path: &Path, version: u64) -> Result<()> {
             "schema version {version}; this build reads versions {OLDEST_SCHEMA_VERSION} to \
              {SCHEMA_VERSION} ({why})"
         ),
+        source: None,
     })
 }
 

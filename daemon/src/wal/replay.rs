@@ -108,6 +108,7 @@ impl Wal {
                         "the log starts at record {number}, but the store holds records \
                          through {applied} only: records are missing"
                     ),
+                    source: None,
                 });
             }
             if number > applied {
