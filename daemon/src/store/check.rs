@@ -255,6 +255,39 @@ mod tests {
     use crate::store::Store;
 
     #[test]
+    fn check_reports_a_seq_that_does_not_follow_the_one_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tether.redb");
+        let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
+        // Two chunks, seqs 1 to 3 and 5 to 6: seq 4 is nowhere, and no
+        // repair recorded it lost.
+        store
+            .write(|txn| {
+                for seq in [1, 2, 3, 5, 6] {
+                    txn.put_frame(1, seq, &frame_of(b"x"))?;
+                }
+                let mut meta = StreamMeta::new(1, 0);
+                meta.last_seq = 6;
+                meta.frames = 5;
+                meta.bytes = 5;
+                txn.put_stream("a", &meta)
+            })
+            .unwrap();
+        store.close().unwrap();
+        drop(store);
+        let err = run(dir.path()).unwrap_err();
+        assert!(matches!(err, Error::Damaged(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "the store is damaged: {}: stream \"a\" goes from seq 3 to seq 5; affected: \
+                 stream \"a\" seqs 4..=4. Nothing was changed",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
     fn check_names_every_damaged_stream() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tether.redb");

@@ -124,7 +124,7 @@ pub use compaction::{Deleted, FrameInfo};
 pub use read::{ReadChunk, ReadLimits, Snapshot};
 pub use schema::{ProducerState, StreamMeta, SCHEMA_VERSION};
 #[cfg(feature = "test-hooks")]
-pub use test_hooks::corrupt_checkpoint_for_tests;
+pub use test_hooks::{corrupt_checkpoint_for_tests, remove_chunk_for_tests};
 pub use txn::WriteTxn;
 
 use recovery::{going_round_with, open_database, replay};

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use redb::{Database, ReadableTable};
 
-use super::schema::CHECKPOINTS;
+use super::schema::{StreamMeta, CHECKPOINTS, CHUNKS, STREAMS};
 use super::storage;
 use super::txn::commit;
 use crate::{Error, Result};
@@ -39,6 +39,37 @@ pub fn corrupt_checkpoint_for_tests(path: &Path, execution: &str, id: u64) -> Re
         table
             .insert((execution, id), record.as_slice())
             .map_err(storage)?;
+    }
+    commit(txn)?;
+    db.close().map_err(storage)
+}
+
+/// Deletes the chunk of `stream` that starts at `first_seq` from the store
+/// file at `path`, leaving the stream's metadata as it was: the stream's
+/// seqs then jump over that chunk's, as no crash can leave them. The file
+/// must not be open in a running daemon. For tests of damage only.
+#[doc(hidden)]
+pub fn remove_chunk_for_tests(path: &Path, stream: &str, first_seq: u64) -> Result<()> {
+    let db = Database::create(path).map_err(storage)?;
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let streams = txn.open_table(STREAMS).map_err(storage)?;
+        let meta = streams.get(stream).map_err(storage)?.ok_or_else(|| {
+            Error::InvalidRequest(format!("no stream {stream:?} in {}", path.display()))
+        })?;
+        let meta: StreamMeta = postcard::from_bytes(meta.value())
+            .map_err(|e| Error::storage("decoding a stream's metadata", e))?;
+        let mut chunks = txn.open_table(CHUNKS).map_err(storage)?;
+        if chunks
+            .remove((meta.id, first_seq))
+            .map_err(storage)?
+            .is_none()
+        {
+            return Err(Error::InvalidRequest(format!(
+                "no chunk of {stream:?} starts at seq {first_seq} in {}",
+                path.display()
+            )));
+        }
     }
     commit(txn)?;
     db.close().map_err(storage)

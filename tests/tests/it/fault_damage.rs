@@ -237,6 +237,34 @@ fn a_store_file_cut_short_is_refused() {
     assert_refused(&sb, &corrupt(&store));
 }
 
+#[test]
+fn check_reports_a_stream_whose_seqs_do_not_follow() {
+    // Three publishes, three chunks: seqs 1 to 3, 4, and 5 to 6.
+    let sb = Sandbox::new();
+    let mut d = sb.start_daemon();
+    for part in [1..=3, 4..=4, 5..=6] {
+        sb.publish(STREAM, &lines(part));
+    }
+    raw::assert_stored(&sb.socket(), STREAM, 6);
+    assert!(d.terminate().success());
+    let store = store_file(&sb);
+    tetherd::store::remove_chunk_for_tests(&store, STREAM, 4).unwrap();
+
+    let before = StateSnapshot::take(&sb.state_dir());
+    let checked = damage::check(&sb);
+    checked.assert_code(65);
+    assert_eq!(
+        error_line(&checked),
+        format!(
+            "tetherd: error: the store is damaged: {}: stream \"{STREAM}\" goes from seq 3 to \
+             seq 5; affected: stream \"{STREAM}\" seqs 4..=4. Nothing was changed",
+            store.display()
+        )
+    );
+    assert_eq!(checked.stdout, "", "tetherd check printed a summary");
+    before.assert_unchanged("tetherd check");
+}
+
 /// How long the last commits of the torn-tail test may take: under this,
 /// the daemon cannot have persisted them (it persists an idle store 1 s
 /// after its first commit that is in the log only).
