@@ -19,7 +19,7 @@ use tether_tests::{Background, Daemon, Sandbox};
 
 use super::fault_disk_full::{
     assert_cleared_once, assert_storage_full, degraded_logged, degraded_shown,
-    sandbox_on_a_small_tmpfs, storage_line, utc_now, Reads, STORAGE_OK,
+    sandbox_on_a_small_tmpfs, storage_line, utc_now, Reads, StoredReads, STORAGE_OK,
 };
 
 /// Lines per producer in the failing-sync test.
@@ -49,6 +49,7 @@ fn a_failing_fdatasync_refuses_writes_with_the_cause_keeps_reads_and_loses_nothi
     );
     out.assert_success();
     raw::assert_stored(&socket, "s", BATCH);
+    let stored_before = StoredReads::store(&sb);
 
     // From now on every fdatasync of the daemon fails with EIO.
     let began_after = utc_now();
@@ -86,8 +87,13 @@ fn a_failing_fdatasync_refuses_writes_with_the_cause_keeps_reads_and_loses_nothi
          and retrying`:\n{told}"
     );
 
-    // Every read goes on from what is stored: at least P's lines, in order.
-    let reads = Reads::start(&sb, &[&["status"], &["streams"], &["tail", "s"]]);
+    // Every read goes on from what is stored: at least P's lines, in
+    // order, and an ended execution's checkpoint and step as before.
+    let mut read_list: Vec<&[&str]> = vec![&["status"], &["streams"], &["tail", "s"]];
+    let stored_reads = stored_before.reads();
+    read_list.extend(stored_reads.iter().map(Vec::as_slice));
+    let reads = Reads::start(&sb, &read_list);
+    stored_before.assert_same(&reads);
     let stored = reads.output("tail s");
     let shown = stored.lines().count() as u64;
     assert!(

@@ -2,9 +2,10 @@
 //! producer that fills it is told "storage full" and keeps its
 //! unacknowledged lines; the daemon says so once, does not spin (its log
 //! and its CPU time stay quiet while the disk stays full), keeps serving
-//! every read from what is stored, shows the fault in `tether status`, and
-//! once the tmpfs is grown resumes by itself within 10 s, says so once, and the
-//! producer finishes with every line stored exactly once. And a disk that
+//! every read from what is stored (streams, ps, checkpoints, steps), shows
+//! the fault in `tether status`, and once the tmpfs is grown resumes by
+//! itself within 10 s, says so once, and the producer finishes with every
+//! line stored exactly once. And a disk that
 //! stays full: the producer says so once, keeps retrying for its retry
 //! window (`--connect-timeout`), then says which lines are stored and that
 //! it gave up, with the cause; nothing stored before is lost, and a re-run
@@ -53,6 +54,7 @@ fn a_full_disk_refuses_appends_clearly_keeps_reads_going_and_recovers() {
     };
     let socket = sb.socket();
     let d = sb.start_daemon();
+    let stored_before = StoredReads::store(&sb);
     let began_after = utc_now();
     let mut publisher = tether_tests::Background::spawn(
         "publisher",
@@ -104,7 +106,11 @@ fn a_full_disk_refuses_appends_clearly_keeps_reads_going_and_recovers() {
     );
 
     // Every read goes on from what is stored, each answered at once.
-    let reads = Reads::start(&sb, &[&["status"], &["streams"], &["tail", "full"]]);
+    let mut read_list: Vec<&[&str]> = vec![&["status"], &["streams"], &["tail", "full"]];
+    let stored_reads = stored_before.reads();
+    read_list.extend(stored_reads.iter().map(Vec::as_slice));
+    let reads = Reads::start(&sb, &read_list);
+    stored_before.assert_same(&reads);
     let status = reads.output("status");
     let shown = degraded_shown(&status);
     assert_storage_full(&shown.cause, "the cause `tether status` shows");
@@ -408,6 +414,92 @@ pub(crate) fn utc_now() -> String {
     let out = cli::run(cmd, b"", Duration::from_secs(30));
     out.assert_success();
     out.stdout.trim_end().to_owned()
+}
+
+/// What an ended execution's checkpoint and step read while the store
+/// could be written: every read of them must print the same while it
+/// cannot (`ps --all` and `checkpoint list` as JSON, which shows times
+/// rather than ages).
+#[derive(Debug)]
+pub(crate) struct StoredReads {
+    reads: Vec<(Vec<String>, String)>,
+}
+
+/// The checkpoint [`StoredReads::store`] saves.
+const CHECKPOINT: &str = "state saved before the fault";
+
+/// The step result [`StoredReads::store`] records.
+const STEP_RESULT: &str = "fetched 42\n";
+
+impl StoredReads {
+    /// Runs an execution to its end, saves a checkpoint of it and records
+    /// a step, then reads them, and all executions, back.
+    pub(crate) fn store(sb: &Sandbox) -> Self {
+        let ran = sb.run(&["run", "--json", "--restart", "never", "--", "true"]);
+        ran.assert_success();
+        let ran: serde_json::Value =
+            serde_json::from_str(ran.stdout.trim()).expect("`tether run --json` prints JSON");
+        let id = ran["id"].as_str().expect("an execution id").to_owned();
+        wait_until(Duration::from_secs(60), "the execution to complete", || {
+            let ps = sb.run(&["ps", "--json", &id]);
+            ps.assert_success();
+            serde_json::from_str::<serde_json::Value>(ps.stdout.trim())
+                .is_ok_and(|row| row["state"] == "completed")
+        });
+        let saved = sb.run_with_stdin(
+            &["checkpoint", "save", "--force", "--execution", &id],
+            CHECKPOINT.as_bytes(),
+        );
+        saved.assert_success();
+        let put = sb.run_with_stdin(
+            &["step", "put", "fetch", "--execution", &id],
+            STEP_RESULT.as_bytes(),
+        );
+        put.assert_success();
+        assert_eq!(put.stdout, STEP_RESULT, "`tether step put`");
+        let reads = [
+            vec!["--json", "ps", "--all"],
+            vec!["--json", "checkpoint", "list", &id],
+            vec!["checkpoint", "load", "--execution", &id],
+            vec!["step", "get", "fetch", "--execution", &id],
+        ]
+        .into_iter()
+        .map(|args| {
+            let out = sb.run(&args);
+            out.assert_success();
+            (args.into_iter().map(str::to_owned).collect(), out.stdout)
+        })
+        .collect::<Vec<(Vec<String>, String)>>();
+        assert_eq!(reads[2].1, CHECKPOINT, "`tether checkpoint load`");
+        assert_eq!(reads[3].1, STEP_RESULT, "`tether step get`");
+        assert!(
+            reads[0].1.contains(&format!("\"id\":\"{id}\"")),
+            "`tether ps --all` lists no {id}:\n{}",
+            reads[0].1
+        );
+        Self { reads }
+    }
+
+    /// The reads, as [`Reads::start`] takes them.
+    pub(crate) fn reads(&self) -> Vec<Vec<&str>> {
+        self.reads
+            .iter()
+            .map(|(args, _)| args.iter().map(String::as_str).collect())
+            .collect()
+    }
+
+    /// Asserts that each read printed, in `reads`, what it printed when
+    /// the store could be written.
+    pub(crate) fn assert_same(&self, reads: &Reads) {
+        for (args, before) in &self.reads {
+            let args = args.join(" ");
+            assert_eq!(
+                &reads.output(&args),
+                before,
+                "`tether {args}` while the store cannot be written"
+            );
+        }
+    }
 }
 
 /// Reads commands started together, each given [`READ_DEADLINE`] to
