@@ -9,7 +9,8 @@
 //! stays full: the producer says so once, keeps retrying for its retry
 //! window (`--connect-timeout`), then says which lines are stored and that
 //! it gave up, with the cause; nothing stored before is lost, and a re-run
-//! as the same producer stores the rest once.
+//! as the same producer stores the rest once; a durable consumer's ack
+//! made meanwhile is held and stored once there is room.
 //!
 //! Mounting needs root (CI runs as root); elsewhere the tests print why they
 //! did nothing and pass.
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 use tether_tests::fault::{self, Tmpfs};
 use tether_tests::process::StdinFeeder;
 use tether_tests::raw;
-use tether_tests::text::wide_lines;
+use tether_tests::text::{lines, wide_lines};
 use tether_tests::wait::wait_until;
 use tether_tests::{cli, Daemon, Sandbox, Signal};
 
@@ -195,13 +196,18 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
         return;
     };
     let socket = sb.socket();
-    let d = sb.start_daemon();
+    let mut d = sb.start_daemon();
     let before = wide_lines(1..=STORED_BEFORE, WIDTH);
     let out = sb.run_with_stdin(
         &["publish", "full", "--producer", "before"],
         before.as_bytes(),
     );
     out.assert_success();
+    // A durable consumer of another stream (its acks let the stream's
+    // frames go) reads and acks the first lines.
+    sb.publish(ACKED, &lines(1..=ACKED_LINES));
+    assert_consumer_reads(&sb, 1..=ACKED_BEFORE);
+    assert_eq!(consumer_ack(&sb), Some(ACKED_BEFORE));
     // Once idle, the daemon moves those lines from its write-ahead log into
     // the store and empties the log; on a disk with this little room it
     // also cuts the log's file, which then holds no space of its own.
@@ -286,6 +292,14 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
     raw::assert_stored(&socket, "full", STORED_BEFORE);
     assert_storage_full(&degraded_logged(&d.logs()), "the cause the daemon logged");
 
+    // The consumer reads on and acks while the store cannot be written:
+    // the ack is held (its reader is not refused), to be stored once it
+    // can be.
+    let status = sb.run(&["status"]);
+    status.assert_success();
+    assert_storage_full(&degraded_shown(&status.stdout).cause, "`tether status`");
+    assert_consumer_reads(&sb, ACKED_BEFORE + 1..=ACKED_WHILE_FULL);
+
     // Once there is room again, re-running as advised (the same input with
     // the producer name that was printed) stores the refused lines, each
     // once.
@@ -303,7 +317,58 @@ fn publish_gives_up_on_a_disk_that_stays_full_after_its_window() {
         "the stored stream after the re-run",
     );
     raw::assert_stored(&socket, "full", 2 * STORED_BEFORE);
+
+    // The ack held while the disk was full was stored once writing
+    // resumed: the daemon shows it, also after a restart, and the
+    // consumer goes on after it.
+    wait_until(Duration::from_secs(30), "the held ack to be stored", || {
+        consumer_ack(&sb) == Some(ACKED_WHILE_FULL)
+    });
+    assert!(d.terminate().success());
+    d.restart();
+    assert_eq!(consumer_ack(&sb), Some(ACKED_WHILE_FULL), "after a restart");
+    assert_consumer_reads(&sb, ACKED_WHILE_FULL + 1..=ACKED_LINES);
+    raw::assert_stored(&socket, "full", 2 * STORED_BEFORE);
     drop(d);
+}
+
+/// The stream a durable consumer reads in the full-disk tests, its
+/// lines, and the consumer.
+const ACKED: &str = "acked";
+const ACKED_LINES: u64 = 310;
+const CONSUMER: &str = "c";
+
+/// Lines the consumer acks before the disk fills, and while it is full.
+const ACKED_BEFORE: u64 = 100;
+const ACKED_WHILE_FULL: u64 = 300;
+
+/// Asserts that `tether tail acked --consumer c --count N` prints lines
+/// `seqs` and exits 0, acking the last.
+fn assert_consumer_reads(sb: &Sandbox, seqs: std::ops::RangeInclusive<u64>) {
+    let count = (seqs.end() + 1 - seqs.start()).to_string();
+    let out = sb.run(&["tail", ACKED, "--consumer", CONSUMER, "--count", &count]);
+    out.assert_success();
+    assert_eq!(out.stdout, lines(seqs), "what the consumer read");
+}
+
+/// The consumer's ack as `tether streams --json` shows it, if any.
+fn consumer_ack(sb: &Sandbox) -> Option<u64> {
+    let out = sb.run(&["streams", "--json"]);
+    out.assert_success();
+    out.stdout
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .unwrap_or_else(|e| panic!("`tether streams --json` printed {line:?}: {e}"))
+        })
+        .find(|row| row["name"] == ACKED)
+        .and_then(|row| {
+            row["consumers"]
+                .as_array()?
+                .iter()
+                .find(|c| c["name"] == CONSUMER)?["acked_through"]
+                .as_u64()
+        })
 }
 
 /// The producer name that `tether publish` advises re-running with.
