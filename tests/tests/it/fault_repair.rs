@@ -1,11 +1,13 @@
 //! Storage faults, `tetherd repair`: the one way past damage. It copies
 //! the damaged files to `damaged-<UTC time>/`, keeps every record that
 //! verifies, records each lost seq range (a reader resuming into one gets
-//! the gap notice), gives no seq twice, prints the loss per stream and
-//! exits 0; the daemon then starts. It refuses while a daemon runs, and
-//! leaves a whole store as it is.
+//! the gap notice), gives no seq twice (not even one only a consumer's
+//! ack still names), prints the loss per stream and exits 0; the daemon
+//! then starts. It refuses while a daemon runs, and leaves a whole store
+//! as it is.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use tether_tests::damage::{self, StateSnapshot, LOG_FILE, STORE_FILE};
 use tether_tests::text::{line, lines, payload_len, wide_lines};
@@ -369,6 +371,108 @@ fn after_each_kind_of_damage_repair_lets_the_daemon_start_and_no_seq_is_reused()
         assert!(d.terminate().success());
         damage::check(&sb).assert_success();
     }
+}
+
+/// Lines persisted into the store file before the commits the test of
+/// consumer acks damages, and the last line, which a consumer acks.
+const PERSISTED: u64 = 20;
+const ACKED: u64 = 30;
+
+/// How long the commits after [`PERSISTED`] may take: under this, the
+/// daemon cannot have persisted them (it persists an idle store 1 s after
+/// its first commit that is in the log only).
+const UNPERSISTED_WITHIN: Duration = Duration::from_millis(800);
+
+/// Publishes lines 1 to [`PERSISTED`], which consumer `slow` reads the
+/// first of, and waits until the store persisted them; then publishes
+/// the lines to [`ACKED`], lets consumer `c` read and ack them all, and
+/// crashes the daemon at once: only the log holds the last lines and
+/// `c`'s ack. (`slow` keeps the lines it has not acked from being
+/// compacted.) `None` when that took too long to be sure of it.
+fn crash_after_an_unpersisted_ack() -> Option<Sandbox> {
+    let sb = Sandbox::new();
+    let mut d = sb.start_daemon();
+    sb.publish(STREAM, &lines(1..=PERSISTED));
+    let read = sb.run(&["tail", STREAM, "--consumer", "slow", "--count", "1"]);
+    read.assert_success();
+    assert_eq!(read.stdout, line(1));
+    std::thread::sleep(Duration::from_millis(2500));
+    let started = Instant::now();
+    sb.publish(STREAM, &lines(PERSISTED + 1..=ACKED));
+    let count = (ACKED - 1).to_string();
+    let read = sb.run(&["tail", STREAM, "--consumer", "c", "--count", &count]);
+    d.kill9();
+    read.assert_success();
+    assert_eq!(read.stdout, lines(2..=ACKED));
+    (started.elapsed() < UNPERSISTED_WITHIN).then_some(sb)
+}
+
+#[test]
+fn repair_continues_a_stream_above_a_consumer_ack_past_every_frame_kept() {
+    let sb = (0..3)
+        .find_map(|_| crash_after_an_unpersisted_ack())
+        .expect("a publish and a read took over 800 ms three times: too slow to test");
+    // The record of the lines after those persisted fails its check; the
+    // record of `c`'s ack after it passes.
+    let log = log_file(&sb);
+    let records = damage::records(&log);
+    let at = records
+        .iter()
+        .rposition(|r| damage::body(&log, r).windows(5).any(|w| w == b"line-"))
+        .expect("a record holding lines");
+    let victim = records[at].clone();
+    assert_eq!(
+        damage::line_numbers(&damage::body(&log, &victim)),
+        (PERSISTED + 1, ACKED)
+    );
+    assert!(
+        at + 1 < records.len(),
+        "the ack's record follows: {records:?}"
+    );
+    damage::flip_byte(&log, victim.body_offset() + victim.body_len / 2);
+
+    // Lines 2 to 20 are kept (`slow` acked line 1); 21 to 30 are lost,
+    // though `c` acked them. No surviving record names the stream's last
+    // seq after 20, so the stream goes on above `c`'s ack and past the
+    // most frames the lost record could hold (3 bytes each, at least).
+    let lost_to = ACKED + (victim.end() - victim.offset) / 3 + 1;
+    let kept_bytes: u64 = (2..=PERSISTED).map(payload_len).sum();
+    assert_repaired(
+        &sb,
+        &format!(
+            "lost, per stream:\n  {STREAM}: seqs {}..{lost_to}\n",
+            PERSISTED + 1
+        ),
+        &format!(
+            "repaired: 1 streams, {} frames, {kept_bytes} bytes kept",
+            PERSISTED - 1
+        ),
+    );
+
+    // The next frame gets a seq above every one `c` acked; `c` reads it
+    // alone, and `slow` what was kept, the gap, and it.
+    let mut d = sb.start_daemon();
+    sb.publish(STREAM, &line(ACKED + 1));
+    assert_eq!(raw::last_seq(&sb.socket(), STREAM), lost_to + 1);
+    let read = sb.run(&["tail", STREAM, "--consumer", "c"]);
+    read.assert_success();
+    assert_eq!(read.stdout, line(ACKED + 1));
+    let read = sb.run(&["tail", STREAM, "--consumer", "slow"]);
+    read.assert_success();
+    assert_eq!(
+        read.stdout,
+        format!("{}{}", lines(2..=PERSISTED), line(ACKED + 1))
+    );
+    assert_eq!(
+        read.stderr,
+        format!(
+            "tether: stream {STREAM}: frames {}..{lost_to} were compacted or lost; continuing at \
+             {}\n",
+            PERSISTED + 1,
+            lost_to + 1
+        )
+    );
+    assert!(d.terminate().success());
 }
 
 /// The bytes the files under `dir` take up on their disk.
