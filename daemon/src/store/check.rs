@@ -43,14 +43,14 @@ pub(super) fn verify_dir(state_dir: &Path) -> Result<String> {
     super::repair::refuse_interrupted(state_dir)?;
     let has_data = std::fs::metadata(&store).is_ok_and(|m| m.len() > 0);
     if !has_data {
-        verify_both_there(&store, &log_path, false)?;
+        verify_both_there(&store, &log_path, false, &OsOpener)?;
         return Ok(format!(
             "ok: {} holds no store yet (0 streams, 0 frames, 0 bytes)",
             state_dir.display()
         ));
     }
     let db = open_under_overlay(&store)?;
-    verify_both_there(&store, &log_path, true)?;
+    verify_both_there(&store, &log_path, true, &OsOpener)?;
     let marks = read_marks(&db)?;
     let capacity = marks.capacity.unwrap_or(wal::DEFAULT_CAPACITY);
     // The log too goes through an overlay: the replay below writes to it

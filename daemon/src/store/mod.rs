@@ -181,7 +181,7 @@ fn verify_before_writing(
 ) -> Result<()> {
     let overlay = overlay::OverlayOpener::new(opener.clone());
     let probe = open_database(path, &overlay, &Arc::new(Headroom::default()))?;
-    verify::verify_both_there(path, log_path, true)?;
+    verify::verify_both_there(path, log_path, true, opener.as_ref())?;
     let capacity = going_round_with(&probe, path)?.unwrap_or(log_capacity);
     let log = Wal::open_read(log_path, capacity, opener.as_ref())?;
     let verified = verify::verify_log(&probe, &log);
@@ -273,7 +273,7 @@ impl Store {
         if existed {
             verify_before_writing(path, &log_path, log_capacity, &opener)?;
         } else {
-            verify::verify_both_there(path, &log_path, false)?;
+            verify::verify_both_there(path, &log_path, false, opener.as_ref())?;
         }
         let headroom = Arc::new(Headroom::default());
         let db = open_database(path, opener.as_ref(), &headroom)?;

@@ -28,6 +28,7 @@ use super::schema::{
     STREAMS,
 };
 use crate::error::Damage;
+use crate::store_io::Opener;
 use crate::wal::{Layout, Wal};
 use crate::{Error, Result};
 
@@ -67,8 +68,13 @@ pub(super) fn read_marks(db: &impl ReadableDatabase) -> Result<LogMarks> {
 
 /// Before either file is opened: one of them missing while the other
 /// holds data is damage. `store_has_data`: the store file exists and is
-/// not empty.
-pub(super) fn verify_both_there(store: &Path, log: &Path, store_has_data: bool) -> Result<()> {
+/// not empty. The log's first bytes are read through `opener`.
+pub(super) fn verify_both_there(
+    store: &Path,
+    log: &Path,
+    store_has_data: bool,
+    opener: &dyn Opener,
+) -> Result<()> {
     let log_there = std::fs::symlink_metadata(log).is_ok();
     if store_has_data && !log_there {
         return Err(damaged(
@@ -82,7 +88,7 @@ pub(super) fn verify_both_there(store: &Path, log: &Path, store_has_data: bool) 
             "every stream's frames after what the store file holds".into(),
         ));
     }
-    if !store_has_data && log_there && log_holds_records(log)? {
+    if !store_has_data && log_there && log_holds_records(log, opener)? {
         return Err(damaged(
             store,
             None,
@@ -98,15 +104,14 @@ pub(super) fn verify_both_there(store: &Path, log: &Path, store_has_data: bool) 
 
 /// Whether the log file holds anything but zeros at its start (a record,
 /// or what is left of one).
-fn log_holds_records(log: &Path) -> Result<bool> {
-    use std::io::Read;
-    let mut start = Vec::with_capacity(crate::wal::HEADER_LEN);
-    std::fs::File::open(log)
-        .and_then(|file| {
-            file.take(crate::wal::HEADER_LEN as u64)
-                .read_to_end(&mut start)
-        })
-        .map_err(|e| Error::io(format!("cannot read the log {}", log.display()), e))?;
+fn log_holds_records(log: &Path, opener: &dyn Opener) -> Result<bool> {
+    let cannot = |e| Error::io(format!("cannot read the log {}", log.display()), e);
+    let file = opener.open_read(log).map_err(cannot)?;
+    let len = usize::try_from(file.len().map_err(cannot)?).map_or(crate::wal::HEADER_LEN, |len| {
+        len.min(crate::wal::HEADER_LEN)
+    });
+    let mut start = vec![0; len];
+    file.read_exact_at(&mut start, 0).map_err(cannot)?;
     Ok(start.iter().any(|&b| b != 0))
 }
 
@@ -273,4 +278,38 @@ fn damaged(file: &Path, offset: Option<u64>, what: String, affected: String) -> 
         what,
         affected,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::store_io::{FaultPlan, FaultyOpener, Files, IoOp};
+
+    #[test]
+    fn the_logs_first_bytes_are_read_through_the_opener() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("tether.redb");
+        let log = dir.path().join("tether.wal");
+        std::fs::write(&log, [7u8; 32]).unwrap();
+        let plan = FaultPlan::new();
+        let opener = FaultyOpener::new(plan.clone());
+
+        // A log with records beside no store file is damage.
+        let err = verify_both_there(&store, &log, false, &opener).unwrap_err();
+        assert!(matches!(err, Error::Damaged(_)), "{err}");
+        assert_eq!(plan.count(&Files::suffix(".wal"), IoOp::Read), 1);
+
+        // A read that fails is told as such, naming the log.
+        plan.fail_next(Files::suffix(".wal"), IoOp::Read, libc::EIO);
+        let err = verify_both_there(&store, &log, false, &opener).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot read the log {}: Input/output error (os error 5)",
+                log.display()
+            )
+        );
+    }
 }

@@ -21,6 +21,27 @@
 //! [`OsFile`] and [`OsOpener`] are the real implementation, over
 //! [`std::fs::File`]; the system calls std does not offer (`fallocate`,
 //! `fstatvfs`) are made through `rustix`.
+//!
+//! Outside the seam, on purpose (each reads or changes no byte of an open
+//! store file, so no fault of a commit can happen there):
+//!
+//! * Whether a file is there, and its length, asked of the directory
+//!   before anything is opened (`std::fs::metadata` and
+//!   `symlink_metadata` in `store/mod.rs`, `store/recovery.rs`,
+//!   `store/verify.rs`, `store/check.rs`, `store/repair.rs`): they tell a
+//!   new store from an existing one and a missing file from a present
+//!   one, and read no file's bytes. (What a file holds is read through
+//!   the seam, the log's first bytes included.)
+//! * The sizes `status` shows and the room a replay asks for
+//!   (`Store::file_size`, `Store::log_len`): estimates, 0 when unknown.
+//! * `store/backup.rs` and the end of `store/repair.rs`: whole files
+//!   copied aside, renamed into place, directories made, synced and
+//!   removed. These are operations on paths and directories, which
+//!   [`FileIo`] (positioned I/O on one open file) does not model; they run
+//!   only in `tetherd repair` and before an upgrade, never beside a
+//!   commit, and their one expected failure, a disk without room for the
+//!   copy, is checked before they start and tested on a real full disk.
+//!   The store `tetherd repair` builds is opened through the seam.
 
 use std::fs::File;
 use std::io;
