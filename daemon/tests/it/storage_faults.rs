@@ -1,11 +1,13 @@
 //! The store under a failing disk: a full disk, an I/O error or a torn
 //! write at one exact operation, injected under its files with
-//! `store_io::FaultyOpener` (feature `test-hooks`); and a store damaged
-//! while closed, which opening refuses without writing a byte, but for a
-//! torn tail.
+//! `store_io::FaultyOpener` (feature `test-hooks`), under the store and
+//! under the engine (`Queue`, its writer and degraded mode); and a store
+//! damaged while closed, which opening refuses without writing a byte, but
+//! for a torn tail.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tether_protocol::{Frame, FrameKind};
@@ -613,4 +615,167 @@ fn a_failing_store_file_is_reopened_for_reads_once_a_while_and_named() {
     store.recover().unwrap();
     assert!(!headroom.redb_failed());
     assert_eq!(read_all(&store).unwrap(), seqs(60));
+}
+
+// The engine over a failing disk: the same faults, met by `Queue`, the
+// writer, its degraded mode and its retries.
+
+/// Producer `P`'s frames `pseqs` of stream [`NAME`].
+fn engine_appends(pseqs: std::ops::RangeInclusive<u64>) -> Vec<tether_protocol::Append> {
+    pseqs
+        .map(|pseq| tether_protocol::Append {
+            stream: NAME.into(),
+            producer: "P".into(),
+            producer_seq: pseq,
+            kind: FrameKind::Data,
+            payload: Bytes::from(format!("P-{pseq:04}")),
+        })
+        .collect()
+}
+
+fn engine_open(path: &Path, plan: &Arc<FaultPlan>) -> tetherd::engine::Queue {
+    let opts = tetherd::engine::QueueOptions {
+        log_capacity: LOG,
+        opener: Arc::new(FaultyOpener::new(plan.clone())),
+        ..tetherd::engine::QueueOptions::default()
+    };
+    tetherd::engine::Queue::open(path, opts).unwrap()
+}
+
+/// Every stored frame of the stream, as (seq, payload), read as a
+/// subscriber reads them.
+async fn engine_read(queue: &tetherd::engine::Queue) -> Vec<(u64, String)> {
+    use tetherd::subscription::SubEvent;
+    let mut sub = queue.subscribe(NAME, 0, false).unwrap();
+    let mut frames = Vec::new();
+    loop {
+        match sub.next().await.unwrap() {
+            SubEvent::Frames(batch) => frames.extend(
+                batch
+                    .into_iter()
+                    .map(|(seq, f)| (seq, String::from_utf8(f.payload.to_vec()).unwrap())),
+            ),
+            SubEvent::End { .. } => return frames,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+fn engine_frames(seqs: std::ops::RangeInclusive<u64>) -> Vec<(u64, String)> {
+    seqs.map(|seq| (seq, format!("P-{seq:04}"))).collect()
+}
+
+/// A write that puts its first half down, then fails with EIO.
+const TORN: i32 = 0;
+
+/// For each write and sync of one append's commit in turn, failed with
+/// ENOSPC, with EIO, and (a write) torn: the append is not acknowledged and says why, the
+/// frames acknowledged before are read back meanwhile, and once the
+/// fault is gone the resent append is stored, once, by the writer's own
+/// retry, with nothing acknowledged lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_acknowledges_no_failed_write_serves_reads_and_recovers() {
+    // A clean run, to count the append's operations.
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new();
+    let queue = engine_open(&dir.path().join("tether.redb"), &plan);
+    queue.append(engine_appends(1..=10)).await.unwrap();
+    plan.reset_counts();
+    queue.append(engine_appends(11..=20)).await.unwrap();
+    let ops = [IoOp::Write, IoOp::Sync];
+    let counts: Vec<u64> = ops.iter().map(|op| plan.count(&Files::Any, *op)).collect();
+    assert!(counts.iter().all(|n| *n > 0), "{ops:?}: {counts:?}");
+    queue.close().await.unwrap();
+
+    for (&op, count) in ops.iter().zip(counts) {
+        for k in 0..count {
+            for errno in [libc::ENOSPC, libc::EIO, TORN] {
+                if errno == TORN && op != IoOp::Write {
+                    continue;
+                }
+                let what = format!("{op:?} {k} failing with errno {errno} (0: torn)");
+                let dir = tempfile::tempdir().unwrap();
+                let plan = FaultPlan::new();
+                let queue = engine_open(&dir.path().join("tether.redb"), &plan);
+                queue.append(engine_appends(1..=10)).await.unwrap();
+                if errno == TORN {
+                    plan.tear_nth_write(Files::Any, k);
+                } else {
+                    plan.fail_nth(Files::Any, op, k, errno);
+                }
+                let failed = queue.append(engine_appends(11..=20)).await;
+                assert!(!plan.pending(), "{what}: not reached");
+                let err = failed.expect_err(&what);
+                // A failed sync is an I/O error on the log, whatever its
+                // errno: the pages it wrote are not trusted.
+                let (code, words) = match (op, errno) {
+                    (IoOp::Write, libc::ENOSPC) => (
+                        tether_protocol::ErrorCode::STORAGE_FULL,
+                        "No space left on device (os error 28)",
+                    ),
+                    (_, libc::ENOSPC) => (
+                        tether_protocol::ErrorCode::STORAGE,
+                        "No space left on device (os error 28)",
+                    ),
+                    _ => (
+                        tether_protocol::ErrorCode::STORAGE,
+                        "Input/output error (os error 5)",
+                    ),
+                };
+                assert_eq!(err.code(), code, "{what}: {err}");
+                assert!(err.to_string().ends_with(words), "{what}: {err}");
+
+                // Reads go on from what is stored; while the fault lasts,
+                // the store is degraded and appends are refused.
+                assert_eq!(engine_read(&queue).await, engine_frames(1..=10), "{what}");
+                let lasting = if errno == TORN { libc::EIO } else { errno };
+                plan.fail_all(Files::Any, op, lasting);
+                let refused = queue.append(engine_appends(11..=20)).await;
+                assert!(refused.is_err(), "{what}: stored while failing");
+                // A failed sync is met by the syncer, and the writer
+                // learns of it after the answer.
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while queue.storage_fault().is_none() {
+                    assert!(std::time::Instant::now() < deadline, "{what}: not degraded");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                assert!(
+                    queue.append(engine_appends(11..=20)).await.is_err(),
+                    "{what}: stored while degraded"
+                );
+                assert_eq!(engine_read(&queue).await, engine_frames(1..=10), "{what}");
+
+                // The fault ends: the writer's retry (the first within
+                // 1 s, then every 5 s) clears it, and the resent frames
+                // are stored once.
+                plan.clear();
+                let deadline = std::time::Instant::now() + Duration::from_secs(15);
+                let stored = loop {
+                    match queue.append(engine_appends(11..=20)).await {
+                        Ok(stored) => break stored,
+                        Err(e) => assert!(
+                            std::time::Instant::now() < deadline,
+                            "{what}: not writable 15 s after the fault ended: {e}"
+                        ),
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                };
+                // Stored now, or found stored: after a failed sync the
+                // writer writes the log's records again and syncs them
+                // (`Wal::rewrite`), which may keep the failed commit's.
+                // Either way each frame is there once.
+                let fresh: Vec<(u64, bool)> = (11..=20).map(|seq| (seq, false)).collect();
+                let found: Vec<(u64, bool)> = (11..=20).map(|_| (20, true)).collect();
+                let outcomes: Vec<(u64, bool)> =
+                    stored.iter().map(|o| (o.seq, o.duplicate)).collect();
+                assert!(
+                    outcomes == fresh || outcomes == found,
+                    "{what}: {outcomes:?}"
+                );
+                assert!(queue.storage_fault().is_none(), "{what}: still degraded");
+                assert_eq!(engine_read(&queue).await, engine_frames(1..=20), "{what}");
+                queue.close().await.unwrap();
+            }
+        }
+    }
 }
