@@ -1,0 +1,163 @@
+// TypeScript definitions of tether-client; they match index.js.
+
+/// <reference types="node" />
+
+/** Base class of every tether error. */
+export class TetherError extends Error {}
+/** No such stream, execution or checkpoint. */
+export class NotFound extends TetherError {}
+/** The daemon could not be reached within the retry window. */
+export class Unreachable extends TetherError {}
+/** The daemon refused the request. */
+export class Refused extends TetherError {}
+/** The daemon could not store (a full or failing disk). */
+export class StorageError extends TetherError {}
+/** The daemon sent something the protocol does not allow. */
+export class ProtocolError extends TetherError {}
+
+/** The addon's version. */
+export const version: string;
+
+/** Anything `JSON.stringify` takes. */
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+/** A saved checkpoint. */
+export class Checkpoint {
+  private constructor();
+  /** The checkpoint's bytes. */
+  readonly data: Buffer;
+  /** Increasing per execution. */
+  readonly id: number;
+  /** The execution stream's last seq when it was saved. */
+  readonly seq: number;
+  readonly schemaVersion: number;
+  /** When it was saved, milliseconds since the epoch. */
+  readonly ts: number;
+  /** The metadata saved with it. */
+  readonly meta: Record<string, string>;
+  /** The data decoded as JSON. */
+  json<T = any>(): T;
+}
+
+export interface SaveCheckpointOptions {
+  /** Default 0. */
+  schemaVersion?: number;
+  /** String keys and values kept beside the checkpoint. */
+  meta?: Record<string, string>;
+}
+
+export interface StepOptions {
+  /** Resolve to the recorded bytes, never to parsed JSON. */
+  raw?: boolean;
+}
+
+/** A program run by `tether run`. Get one with `Worker.fromEnv()`. */
+export class Worker {
+  private constructor();
+  /** The worker this process runs as; throws `TetherError` outside `tether run`. */
+  static fromEnv(): Worker;
+  readonly executionId: string;
+  /** True when this attempt was started from a checkpoint. */
+  readonly resumed: boolean;
+  /** The attempt number (`TETHER_ATTEMPT`), or null when the daemon did not say. */
+  readonly attempt: number | null;
+  /** The newest checkpoint (of exactly `schemaVersion` when given), or null. */
+  loadCheckpoint(options?: { schemaVersion?: number }): Promise<Checkpoint | null>;
+  /** Saves `value` (a Buffer as it is, anything else as JSON); resolves to its id once durable. */
+  saveCheckpoint(value: Buffer | Uint8Array | Json, options?: SaveCheckpointOptions): Promise<number>;
+  /**
+   * Runs `fn` until one run is recorded for this execution; then resolves to
+   * the recorded result without running it. The first result recorded wins.
+   */
+  step(name: string, fn: () => Buffer | Uint8Array | Json | Promise<Buffer | Uint8Array | Json>, options: StepOptions & { raw: true }): Promise<Buffer>;
+  step<T extends Json | Buffer = any>(name: string, fn: () => T | Promise<T>, options?: StepOptions): Promise<T>;
+  /** Forgets the recorded result of step `name`. */
+  clearStep(name: string): Promise<void>;
+  /** Appends one line (kind `stdout`) to the execution's stream; resolves once durable. */
+  publish(line: string | Buffer | Uint8Array): Promise<void>;
+  /** Appends `obj` as one JSON frame of kind `user`; resolves once durable. */
+  event(obj: Json): Promise<void>;
+}
+
+/** `event`: the daemon's lifecycle records; `user`: a worker's `event()`s. */
+export type FrameKind = 'data' | 'stdout' | 'stderr' | 'event' | 'user';
+
+/** One stored frame. */
+export class Frame {
+  private constructor();
+  readonly stream: string;
+  readonly seq: number;
+  /** When it was stored (a worker's line: read), milliseconds since the epoch. */
+  readonly ts: number;
+  /** The same, in microseconds. */
+  readonly tsMicros: number;
+  readonly kind: FrameKind;
+  readonly payload: Buffer;
+  /** The payload as text (invalid UTF-8 replaced). */
+  readonly text: string;
+}
+
+/**
+ * An async iterator of frames. Asking for the next frame records the previous
+ * one as processed (cursor file, consumer ack); `return()` records the last
+ * one and closes.
+ */
+export class Tail implements AsyncIterableIterator<Frame> {
+  private constructor();
+  [Symbol.asyncIterator](): Tail;
+  next(): Promise<IteratorResult<Frame, undefined>>;
+  return(): Promise<IteratorResult<Frame, undefined>>;
+  /** The same as `return()`. */
+  close(): Promise<void>;
+}
+
+export interface ClientOptions {
+  /** The daemon's socket (default: the usual path). */
+  socket?: string;
+  /** `ssh://[user@]host[/socket]`: a daemon on another machine. */
+  host?: string;
+  /** Seconds to keep retrying an unreachable daemon. */
+  connectTimeout?: number;
+}
+
+export interface TailOptions {
+  /** Wait for new frames instead of ending at the newest. */
+  follow?: boolean;
+  /** Start at this seq. */
+  fromSeq?: number;
+  /** Start with the last N frames. */
+  last?: number;
+  /** A file holding the seq of the last frame processed; read first, written as frames are processed. */
+  cursorFile?: string;
+  /** A durable consumer: starts after its ack, acks what is processed. */
+  consumer?: string;
+}
+
+export interface RunOptions {
+  name?: string;
+  restart?: 'never' | 'on-failure' | 'always';
+  maxRestarts?: number;
+  /** Seconds the execution may run. */
+  deadline?: number;
+  cwd?: string;
+  env?: Record<string, string>;
+}
+
+/** A connection to a tetherd. */
+export class Client {
+  constructor(options?: ClientOptions);
+  /** Appends each item as one frame of kind `data`; resolves once all are durable. */
+  publish(stream: string, items: Iterable<string | Buffer | Uint8Array>, options?: { producer?: string }): Promise<void>;
+  /** Reads `stream`: `for await (const f of await c.tail('s'))`. */
+  tail(stream: string, options?: TailOptions): Promise<Tail>;
+  /** The daemon's status (the fields of `tether status --json`). */
+  status(): Promise<Record<string, any>>;
+  /** The streams (the fields of `tether streams --json`). */
+  streams(): Promise<Array<Record<string, any>>>;
+  /** Starts `argv` as a supervised worker; resolves to its execution id. */
+  run(argv: string[], options?: RunOptions): Promise<string>;
+  /** The executions (the fields of `tether ps --json`); `all` adds ended ones. */
+  ps(options?: { all?: boolean }): Promise<Array<Record<string, any>>>;
+  /** Stops execution `id`: TERM, then KILL after `timeout` seconds. */
+  stop(id: string, options?: { timeout?: number }): Promise<Record<string, any>>;
+}
