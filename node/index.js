@@ -41,7 +41,7 @@ class StorageError extends TetherError {}
 class ProtocolError extends TetherError {}
 
 const CLASSES = {
-  TetherError,
+  Error: TetherError,
   NotFound,
   Unreachable,
   Refused,
@@ -330,8 +330,8 @@ class Tail {
       this.#batch = null;
       const next = await mapped(this.#native.nextBatch(BATCH, this.#pending));
       this.#pending = null;
-      if (next.gap) {
-        process.emitWarning(next.gap, 'TetherGap');
+      for (const gap of next.gaps) {
+        process.emitWarning(gap, 'TetherGap');
       }
       this.#batch = next;
       this.#index = 0;
@@ -426,22 +426,23 @@ class Client {
 
   /**
    * Starts `argv` as a supervised worker; resolves to its execution id.
-   * `restart`: `never`, `on-failure` or `always`; `deadline`: seconds.
+   * `restart`: `never`, `on-failure` (the default) or `always`;
+   * `deadline`: seconds; `cwd` is resolved against this process's directory.
    */
   async run(argv, { name, restart, maxRestarts, deadline, cwd, env } = {}) {
     if (!Array.isArray(argv) || argv.length === 0 || argv.some((a) => typeof a !== 'string')) {
       throw new TypeError('run takes a non-empty array of strings');
     }
     const spec = {
-      argv,
-      name: name ?? null,
-      restart: restart ?? null,
-      maxRestarts: count(maxRestarts, 'maxRestarts') ?? null,
-      deadline: deadline ?? null,
-      cwd: cwd ?? null,
-      env: env === undefined ? null : Object.entries(env).map(([k, v]) => [k, String(v)]),
+      command: argv,
+      name: name ?? undefined,
+      restart: restart ?? undefined,
+      maxRestarts: count(maxRestarts, 'maxRestarts'),
+      deadline: deadline ?? undefined,
+      cwd: cwd ?? undefined,
+      env: env == null ? undefined : Object.entries(env).map(([k, v]) => [k, String(v)]),
     };
-    return mapped(this.#native.run(JSON.stringify(spec)));
+    return mapped(this.#native.run(spec));
   }
 
   /** The executions (the fields of `tether ps --json`); `all` adds ended ones. */

@@ -6,15 +6,18 @@
 //! adds what is easier in JavaScript (JSON, step memoising, the async
 //! iterator over a tail).
 //!
-//! * `worker`: `NativeWorker`, `NativeCheckpoint`.
+//! * `client`: `NativeClient` and `NativeTail`, over `tether::sdk`.
+//! * `worker`: `NativeWorker`, `NativeCheckpoint`, over `tether::Worker`.
 //! * `errors`: the client library's errors, tagged with their class.
 //!
 //! Every call that waits returns a Promise: its future runs on the tokio
 //! runtime napi starts for the addon, never on the JavaScript thread.
 
+mod client;
 mod errors;
 mod worker;
 
+pub use client::{NativeBatch, NativeClient, NativeRunSpec, NativeTail};
 pub use worker::{NativeCheckpoint, NativeWorker};
 
 /// The addon's version, the crate's.

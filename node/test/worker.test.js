@@ -63,12 +63,12 @@ test('a step is not run again after the worker is killed', async (t) => {
   assert.deepEqual(JSON.parse(read(path.join(out, 'attempt-1'))), [
     execution, { issues: [1, 2] }, '0001', { turn: 7 }, true,
   ]);
-  const mine = (await d.tether('tail', '--json', execution))
-    .split('\n')
-    .filter((line) => line !== '')
-    .map((line) => JSON.parse(line))
-    .filter((f) => f.kind === 'stdout' || f.payload.startsWith('{"tokens'))
-    .map((f) => [f.kind, f.payload]);
+  const mine = [];
+  for await (const f of await d.client().tail(execution)) {
+    if (f.kind === 'stdout' || f.text.startsWith('{"tokens')) {
+      mine.push([f.kind, f.text]);
+    }
+  }
   const once = [['stdout', 'a line'], ['user', '{"tokens":1200}']];
   assert.deepEqual(mine, [...once, ...once]);
 });
