@@ -21,9 +21,14 @@ pub fn argument(message: impl std::fmt::Display) -> napi::Error {
     tagged(ARGUMENT, message)
 }
 
-/// A client library error, its message the error's own.
+/// A client library error, its message the error's own. A misuse the
+/// library found (an empty command, a bad variable name) is a bad argument,
+/// as it is when `index.js` finds it.
 pub fn to_napi(e: tether::Error) -> napi::Error {
-    tagged(ErrorClass::of(&e).name(), e)
+    match e {
+        tether::Error::Usage(message) => argument(message),
+        e => tagged(ErrorClass::of(&e).name(), e),
+    }
 }
 
 /// A worker SDK error.

@@ -153,6 +153,11 @@ test('errors map to their classes', async (t) => {
   });
   await assert.rejects(c.publish('s', 'not an array'), TypeError);
   await assert.rejects(c.run(['x'], { restart: 'sometimes' }), TypeError);
+  await assert.rejects(c.run(['x'], { env: { 'A=B': 'x' } }), {
+    name: 'TypeError',
+    message: 'environment variable name "A=B" contains \'=\'',
+  });
+  await assert.rejects(c.tail('s', { fromSeq: 1.5 }), RangeError);
   assert.throws(() => new tether.Client({ socket: 'a', host: 'ssh://b' }), TypeError);
   await assert.rejects(c.stop('no-such-execution'), tether.NotFound);
 });
