@@ -11,6 +11,7 @@ use tether::conn::ConnectOptions;
 use tether::sdk::{self, RunOptions, TailItem, TailOptions};
 use tether_protocol::{FrameKind, RestartPolicy};
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::errors::{argument, to_napi};
 
@@ -98,6 +99,7 @@ impl NativeClient {
         let tail = self.inner.tail(options).await.map_err(to_napi)?;
         Ok(NativeTail {
             tail: Mutex::new(tail),
+            closing: CancellationToken::new(),
         })
     }
 
@@ -163,6 +165,9 @@ impl NativeClient {
 pub struct NativeTail {
     /// An async lock: held across the wait for the next batch.
     tail: Mutex<sdk::Tail>,
+    /// Cancelled by `close`, so that a wait for frames that may never come
+    /// (a follower) ends and lets `close` have the lock.
+    closing: CancellationToken,
 }
 
 /// Frames as a few arrays rather than an object each: JavaScript makes a
@@ -202,7 +207,11 @@ impl NativeTail {
     pub async fn next_batch(&self, max: u32, processed: Option<f64>) -> napi::Result<NativeBatch> {
         let mut tail = self.tail.lock().await;
         mark(&mut tail, processed)?;
-        let items = tail.next_batch(max as usize).await.map_err(to_napi)?;
+        // `next_batch` is cancel-safe: dropping it loses no frame.
+        let items = tokio::select! {
+            items = tail.next_batch(max as usize) => items.map_err(to_napi)?,
+            () = self.closing.cancelled() => None,
+        };
         Ok(batch(items))
     }
 
@@ -210,6 +219,7 @@ impl NativeTail {
     /// reading (for a consumer: once its ack is durable).
     #[napi]
     pub async fn close(&self, processed: Option<f64>) -> napi::Result<()> {
+        self.closing.cancel();
         let mut tail = self.tail.lock().await;
         mark(&mut tail, processed)?;
         tail.close().await.map_err(to_napi)

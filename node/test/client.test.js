@@ -137,6 +137,18 @@ test('break records the frame in hand; the next reader starts after it', async (
   assert.deepEqual(await texts(await c.tail('s', { cursorFile: cursor })), ['c']);
 });
 
+test('return() ends a follower that waits for frames', async (t) => {
+  const d = await Daemon.start(t);
+  const c = d.client();
+  await c.publish('s', ['a']);
+  const tail = await c.tail('s', { follow: true });
+  assert.deepEqual(await take(tail, 1), ['a']);
+  const waiting = tail.next();
+  await tail.return();
+  assert.deepEqual(await waiting, { done: true, value: undefined });
+  assert.deepEqual(await tail.next(), { done: true, value: undefined });
+});
+
 test('errors map to their classes', async (t) => {
   const d = await Daemon.start(t);
   const c = d.client();
@@ -173,7 +185,11 @@ test('run, ps and stop a worker', async (t) => {
     env: { GREETING: 'hello' },
   });
   await waitFor(() => read(marker) === 'hello\n', 'the worker to start');
-  const live = await c.ps();
+  let live;
+  await waitFor(async () => {
+    live = await c.ps();
+    return live.length === 1 && live[0].state === 'running';
+  }, 'the execution to be running');
   assert.deepEqual(live.map((e) => [e.id, e.name, e.state, e.restart]), [[id, 'sleeper', 'running', 'never']]);
   const stopped = await c.stop(id, { timeout: 5 });
   assert.equal(stopped.id, id);
