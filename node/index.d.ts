@@ -98,9 +98,10 @@ export class Frame {
 }
 
 /**
- * An async iterator of frames. Asking for the next frame records the previous
- * one as processed (cursor file, consumer ack); `return()` records the last
- * one and closes.
+ * An async iterator of frames, opened on its first `next()` (so errors such
+ * as `NotFound` reject that call). Asking for the next frame records the
+ * previous one as processed (cursor file, consumer ack); `return()` records
+ * the last one and closes.
  */
 export class Tail implements AsyncIterableIterator<Frame> {
   private constructor();
@@ -148,8 +149,8 @@ export class Client {
   constructor(options?: ClientOptions);
   /** Appends each item as one frame of kind `data`; resolves once all are durable. */
   publish(stream: string, items: Iterable<string | Buffer | Uint8Array>, options?: { producer?: string }): Promise<void>;
-  /** Reads `stream`: `for await (const f of await c.tail('s'))`. */
-  tail(stream: string, options?: TailOptions): Promise<Tail>;
+  /** Reads `stream`: `for await (const f of c.tail('s'))`. */
+  tail(stream: string, options?: TailOptions): Tail;
   /** The daemon's status (the fields of `tether status --json`). */
   status(): Promise<Record<string, any>>;
   /** The streams (the fields of `tether streams --json`). */

@@ -282,13 +282,17 @@ class Frame {
 const BATCH = 4096;
 
 /**
- * What `Client.tail()` returns: an async iterator of `Frame`s. Asking for
- * the next frame records the previous one as processed (cursor file,
- * consumer ack); `return()` (which `break` in a `for await` calls) records
- * the last one and closes.
+ * What `Client.tail()` returns: an async iterator of `Frame`s. It opens the
+ * subscription on the first `next()`, so errors such as `NotFound` reject
+ * that call. Asking for the next frame records the previous one as
+ * processed (cursor file, consumer ack); `return()` (which `break` in a
+ * `for await` calls) records the last one and closes.
  */
 class Tail {
-  #native;
+  /** Opens the native tail. */
+  #open;
+  /** The native tail, a promise once opening has begun. */
+  #native = null;
   #stream;
   #batch = null;
   #index = 0;
@@ -300,13 +304,20 @@ class Tail {
   #pending = null;
   #done = false;
 
-  constructor(nativeTail, stream) {
-    this.#native = nativeTail;
+  constructor(open, stream) {
+    this.#open = open;
     this.#stream = stream;
   }
 
   [Symbol.asyncIterator]() {
     return this;
+  }
+
+  #nativeTail() {
+    if (this.#native === null) {
+      this.#native = mapped(this.#open());
+    }
+    return this.#native;
   }
 
   async next() {
@@ -328,7 +339,8 @@ class Tail {
         return { done: true, value: undefined };
       }
       this.#batch = null;
-      const next = await mapped(this.#native.nextBatch(BATCH, this.#pending));
+      const nativeTail = await this.#nativeTail();
+      const next = await mapped(nativeTail.nextBatch(BATCH, this.#pending));
       this.#pending = null;
       for (const gap of next.gaps) {
         process.emitWarning(gap, 'TetherGap');
@@ -346,7 +358,17 @@ class Tail {
     const processed = this.#pending;
     this.#pending = null;
     this.#batch = null;
-    await mapped(this.#native.close(processed));
+    if (this.#native === null) {
+      return;
+    }
+    let nativeTail;
+    try {
+      nativeTail = await this.#native;
+    } catch {
+      // It never opened: there is nothing to close (next() reported why).
+      return;
+    }
+    await mapped(nativeTail.close(processed));
   }
 
   /** Records the last frame handed out as processed and ends the subscription. */
@@ -397,21 +419,24 @@ class Client {
   }
 
   /**
-   * Reads `stream` as an async iterator of frames. Where it starts: after
+   * Reads `stream`: an async iterator of frames (`for await (const f of
+   * c.tail('s'))`), opened on its first `next()`. Where it starts: after
    * the seq in `cursorFile` when it holds one, else at `fromSeq`, else the
    * `last` N frames, else after `consumer`'s ack, else the oldest frame.
    * `follow`: wait for new frames instead of ending at the newest.
    */
-  async tail(stream, { follow = false, fromSeq, last, cursorFile, consumer } = {}) {
+  tail(stream, { follow = false, fromSeq, last, cursorFile, consumer } = {}) {
+    if (typeof stream !== 'string') {
+      throw new TypeError('tail takes the name of a stream');
+    }
     const from = count(fromSeq, 'fromSeq');
     const n = count(last, 'last');
     if (from !== undefined && n !== undefined) {
       throw new TypeError('give fromSeq or last, not both');
     }
-    const t = await mapped(
-      this.#native.tail(stream, Boolean(follow), from ?? null, n ?? null, cursorFile ?? null, consumer ?? null),
-    );
-    return new Tail(t, stream);
+    const open = () =>
+      this.#native.tail(stream, Boolean(follow), from ?? null, n ?? null, cursorFile ?? null, consumer ?? null);
+    return new Tail(open, stream);
   }
 
   /** The daemon's status (the fields of `tether status --json`). */

@@ -58,7 +58,7 @@ async function main() {
     t0 = process.hrtime.bigint();
     let count = 0;
     let bytes = 0;
-    for await (const f of await c.tail('bench')) {
+    for await (const f of c.tail('bench')) {
       count += 1;
       bytes += f.payload.length;
     }

@@ -64,7 +64,7 @@ test('a step is not run again after the worker is killed', async (t) => {
     execution, { issues: [1, 2] }, '0001', { turn: 7 }, true,
   ]);
   const mine = [];
-  for await (const f of await d.client().tail(execution)) {
+  for await (const f of d.client().tail(execution)) {
     if (f.kind === 'stdout' || f.text.startsWith('{"tokens')) {
       mine.push([f.kind, f.text]);
     }
