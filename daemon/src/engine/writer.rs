@@ -129,7 +129,7 @@ impl Writer {
                         .is_some_and(|t| t.elapsed() < AWAKE_FOR);
                     let batch = self.drain(first);
                     self.process(batch);
-                    self.copy_log_chunks(CopyPace::Pressed);
+                    self.copy_log_chunks(CopyPace::BetweenBatches);
                     self.awake = quick && self.answered_alone.is_some();
                     busy_batches += 1;
                     if busy_batches >= COMPACT_EVERY_BATCHES {

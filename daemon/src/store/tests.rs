@@ -162,7 +162,7 @@ pub(super) fn logged_frames(store: &Store, from: u64, to: u64) {
             |_| {},
         )
         .unwrap();
-    if store.copy_from_log(CopyPace::Pressed).unwrap() {
+    if store.copy_from_log(CopyPace::BetweenBatches).unwrap() {
         store.persist().unwrap();
     }
 }

@@ -135,8 +135,8 @@ const COPY_AHEAD: u64 = 16 * 1024 * 1024;
 
 /// Going round: the records copied from in one step of copying (at most;
 /// a 256th of a smaller log). Small, so that a command arriving while the
-/// writer copies in idle time waits little, and copying pressed between
-/// batches holds each batch up a little rather than a few a lot.
+/// writer copies in idle time waits little, and copying between batches
+/// holds each batch up a little rather than a few a lot.
 const COPY_PIECE: u64 = 128 * 1024;
 
 /// When chunks kept in the log are copied into the store (see
@@ -145,8 +145,9 @@ const COPY_PIECE: u64 = 128 * 1024;
 pub enum CopyPace {
     /// The writer has nothing else to do: a piece at a time.
     Idle,
-    /// Between batches: only as much as the records press for.
-    Pressed,
+    /// Between batches: nothing until the records come near the chunks not
+    /// yet copied, then enough to get copying ahead of them again.
+    BetweenBatches,
 }
 
 /// How the log lays its records out in its file.
@@ -470,7 +471,7 @@ impl Wal {
 
     /// How far ahead of the records copying is kept between batches:
     /// three quarters of [`Wal::copy_ahead`].
-    fn pressed_ahead(&self) -> u64 {
+    fn between_batches_ahead(&self) -> u64 {
         self.copy_ahead() / 4 * 3
     }
 
@@ -489,10 +490,12 @@ impl Wal {
             CopyPace::Idle => (self.pos + self.copy_ahead())
                 .saturating_sub(kept_until)
                 .min(piece),
-            CopyPace::Pressed => match (self.pos + self.pressed_ahead()).checked_sub(kept_until) {
-                Some(behind) if behind > 0 => behind + piece,
-                _ => 0,
-            },
+            CopyPace::BetweenBatches => {
+                match (self.pos + self.between_batches_ahead()).checked_sub(kept_until) {
+                    Some(behind) if behind > 0 => behind + piece,
+                    _ => 0,
+                }
+            }
         }
     }
 

@@ -185,7 +185,7 @@ fn going_round_a_record_that_does_not_fit_goes_to_the_files_start() {
 }
 
 #[test]
-fn copying_waits_for_idle_time_until_the_records_press() {
+fn copying_waits_for_idle_time_until_the_records_come_near() {
     let (_dir, mut wal) = small_ring();
     let capacity = 64 * 1024;
     let ahead = wal.copy_ahead();
@@ -197,21 +197,21 @@ fn copying_waits_for_idle_time_until_the_records_press() {
     };
     append_until(&mut wal, 2 * ahead);
     assert_eq!(wal.copy_budget(CopyPace::Idle), 0, "far from the lap's end");
-    assert_eq!(wal.copy_budget(CopyPace::Pressed), 0);
+    assert_eq!(wal.copy_budget(CopyPace::BetweenBatches), 0);
     // Within COPY_AHEAD: a piece at a time, in idle time only.
     append_until(&mut wal, ahead);
     let wanted = wal.pos + ahead - capacity;
     assert_eq!(wal.copy_budget(CopyPace::Idle), wanted.min(piece));
-    assert_eq!(wal.copy_budget(CopyPace::Pressed), 0);
+    assert_eq!(wal.copy_budget(CopyPace::BetweenBatches), 0);
     // Within three quarters of it, between batches too: what brings
     // the copying back there, and a piece more.
-    let pressed = ahead / 4 * 3;
-    append_until(&mut wal, pressed);
-    let behind = wal.pos + pressed - capacity;
-    assert_eq!(wal.copy_budget(CopyPace::Pressed), behind + piece);
+    let near = ahead / 4 * 3;
+    append_until(&mut wal, near);
+    let behind = wal.pos + near - capacity;
+    assert_eq!(wal.copy_budget(CopyPace::BetweenBatches), behind + piece);
     let to = wal.records_to_copy(behind + piece, |_, _| Ok(())).unwrap();
     wal.copied_to(to);
-    assert_eq!(wal.copy_budget(CopyPace::Pressed), 0);
+    assert_eq!(wal.copy_budget(CopyPace::BetweenBatches), 0);
     assert!(
         wal.copy_budget(CopyPace::Idle) > 0,
         "idle time copies on up to COPY_AHEAD ahead"
@@ -223,7 +223,7 @@ fn copying_waits_for_idle_time_until_the_records_press() {
         flat.append(&mut sized(500, 1)).unwrap();
     }
     assert_eq!(flat.copy_budget(CopyPace::Idle), 0);
-    assert_eq!(flat.copy_budget(CopyPace::Pressed), 0);
+    assert_eq!(flat.copy_budget(CopyPace::BetweenBatches), 0);
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn a_producer_that_leaves_no_idle_time_has_the_store_persisted_every_few_records
         assert!(wal.place(r.len() as u64).is_some(), "the log ran full");
         wal.append(&mut r).unwrap();
         records += 1;
-        let budget = wal.copy_budget(CopyPace::Pressed);
+        let budget = wal.copy_budget(CopyPace::BetweenBatches);
         if budget > 0 {
             let to = wal.records_to_copy(budget, |_, _| Ok(())).unwrap();
             wal.copied_to(to);
