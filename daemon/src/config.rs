@@ -79,7 +79,7 @@ pub struct Config {
     pub log_level: String,
     /// Restarts allowed to a run that did not say; `None` is unlimited.
     pub default_max_restarts: Option<u32>,
-    /// The write-ahead log's size in bytes. A log that goes round keeps
+    /// The write-ahead log's size in bytes. A log that wraps keeps
     /// the size it had when it started to (see [`crate::wal`]).
     pub log_capacity: u64,
 }

@@ -20,7 +20,7 @@
 //! disk (a later sync succeeding says nothing about the pages that failed),
 //! so from then on every logged job fails, until a job that redb made
 //! durable itself comes through: the writer, seeing [`Syncer::failed`],
-//! persists the store, which makes everything before durable again. Syncs
+//! commits the store durably, which makes everything before durable again. Syncs
 //! never overlap, so a failure is always seen by the sync that meets it
 //! and marks the log broken before the next one starts.
 //!
@@ -246,7 +246,7 @@ impl Syncer {
     }
 
     /// Whether a sync failed since the last durable job: the writer must
-    /// persist the store.
+    /// commit the store durably.
     pub fn failed(&self) -> bool {
         self.shared.failed.load(Ordering::Acquire)
     }

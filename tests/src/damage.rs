@@ -69,7 +69,7 @@ impl Record {
 }
 
 /// The log's records from byte 0 while each passes its check and is
-/// numbered one above the one before: on a log that has not gone round
+/// numbered one above the one before: on a log that has not wrapped
 /// its file yet, every record written, oldest first.
 pub fn records(log: &Path) -> Vec<Record> {
     let file = File::open(log).unwrap_or_else(|e| panic!("cannot open {}: {e}", log.display()));

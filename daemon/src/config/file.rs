@@ -123,7 +123,7 @@ pub struct FileConfig {
     /// Bytes of partly received messages held across connections.
     pub max_partial_bytes: Option<u64>,
     /// The write-ahead log's size in bytes, for a store whose log does not
-    /// go round yet.
+    /// wrap yet.
     pub log_capacity: Option<u64>,
     /// The socket the daemon binds itself.
     #[serde(default)]

@@ -60,13 +60,13 @@ impl Writer {
         }
         // Room for the batch that failed, checked as its commit does, so
         // that the store is not called writable only for that batch to be
-        // refused again at once; and nothing is persisted (which may free
+        // refused again at once; and nothing is committed durably (which may free
         // the log's file) while there is none, so that a full disk stays
         // one fault rather than a series of short ones.
         let batch = self.opts.max_batch_bytes as u64;
         self.store.room_again(batch)?;
-        self.store.persist()?;
-        // Not going round, the persist may have emptied the log's file.
+        self.store.commit_durably()?;
+        // Not wrapping, the durable commit may have emptied the log's file.
         self.store.room_again(batch)?;
         // The durable commit ends the failed sync's effect; the writer
         // must see that before its next commit.

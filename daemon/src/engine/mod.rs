@@ -22,7 +22,7 @@
 //! * `answer`: who makes a commit durable and answers it, and publishing.
 //! * `compaction`: compaction and retention.
 //! * `faults`: failed writes and degraded mode.
-//! * `persist`: persisting the store and copying chunks from the log.
+//! * `log_to_store`: copying chunks from the log, durable commits.
 
 mod answer;
 mod apply;
@@ -30,7 +30,7 @@ mod cache;
 mod commands;
 mod compaction;
 mod faults;
-mod persist;
+mod log_to_store;
 mod writer;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};

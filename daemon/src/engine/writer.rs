@@ -3,7 +3,7 @@
 //! bounds, applies them in one transaction and commits it (group commit),
 //! then hands the commit to be answered. Between batches, and whenever no
 //! command waits, it does the background work: compaction, copying from the
-//! log, persisting, retrying a degraded store.
+//! log, durable commits, retrying a degraded store.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use super::apply::Staged;
 use super::cache::State;
 use super::commands::{Command, Outcome, Reply, Request};
 use super::compaction::{AGE_CHECK_INTERVAL, COMPACT_EVERY_BATCHES};
-use super::persist::PERSIST_AFTER;
+use super::log_to_store::DURABLE_COMMIT_AFTER;
 use super::{CheckpointRefs, QueueOptions};
 use crate::degraded::{Degradation, Fault, StorageHealth};
 use crate::hub::Hub;
@@ -144,8 +144,8 @@ impl Writer {
                 Wait::Closed => break,
             }
         }
-        if self.store.unpersisted_since().is_some() {
-            if let Err(e) = self.store.persist() {
+        if self.store.not_durable_since().is_some() {
+            if let Err(e) = self.store.commit_durably() {
                 tracing::warn!("persisting the store on close failed: {e}");
             }
         }
@@ -217,8 +217,11 @@ impl Writer {
         let pause = self
             .compaction_paused_until
             .filter(|_| !self.dirty.is_empty());
-        let persist = self.store.unpersisted_since().map(|t| t + PERSIST_AFTER);
-        [age, pause, persist].into_iter().flatten().min()
+        let durable = self
+            .store
+            .not_durable_since()
+            .map(|t| t + DURABLE_COMMIT_AFTER);
+        [age, pause, durable].into_iter().flatten().min()
     }
 
     /// Takes every command already waiting, within the batch bounds.
@@ -263,10 +266,10 @@ impl Writer {
         self.copy_log_chunks(CopyPace::Idle);
         if self
             .store
-            .unpersisted_since()
-            .is_some_and(|t| t.elapsed() >= PERSIST_AFTER)
+            .not_durable_since()
+            .is_some_and(|t| t.elapsed() >= DURABLE_COMMIT_AFTER)
         {
-            self.persist();
+            self.commit_durably();
         }
     }
 
@@ -331,16 +334,16 @@ impl Writer {
                 return;
             }
         }
-        // Not going round, the frames are written into redb's own pages:
+        // Not wrapping, the frames are written into redb's own pages:
         // refused here, before redb could meet a full disk.
         let bytes: usize = requests.iter().map(|r| r.weight().1).sum();
         let mut room = self.store.make_room_for(bytes as u64);
-        if room.is_err() && self.store.unpersisted_since().is_some() {
-            // Commits made without durability since the last persist hold
-            // room a persist gives back: the pages they may still have to
-            // write (see `Store::make_room`), and, on a disk this short,
-            // the log's file. Persisted, the batch may fit.
-            self.persist();
+        if room.is_err() && self.store.not_durable_since().is_some() {
+            // Commits made without durability since the last durable
+            // commit hold room a durable commit gives back: the pages they
+            // may still have to write (see `Store::make_room`), and, on a
+            // disk this short, the log's file. After one, the batch may fit.
+            self.commit_durably();
             if self.degraded.is_none() {
                 room = self.store.make_room_for(bytes as u64);
             }

@@ -167,7 +167,7 @@ fn chunk_len(chunk: &[u8]) -> std::result::Result<u32, postcard::Error> {
 }
 
 /// The value of a chunk whose bytes the log keeps (see [`crate::wal`],
-/// "Going round"): their position in the log, their length and CRC-32,
+/// "Wrapping"): their position in the log, their length and CRC-32,
 /// and the chunk's frame count. Told from a chunk by its first four bytes,
 /// a frame count of zero, which no chunk has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -469,7 +469,7 @@ mod tests {
         let path = dir.path().join("t.redb");
         let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
         logged_frames(&store, 1, 10);
-        store.persist().unwrap();
+        store.commit_durably().unwrap();
         let at = {
             let guard = store.handle().unwrap();
             let txn = guard_db(&guard).unwrap().begin_read().unwrap();

@@ -45,11 +45,11 @@
 //! Reads copy the part of a chunk they return into one buffer and hand out
 //! payloads as slices of it: one allocation per chunk read, not per frame.
 //!
-//! When the write-ahead log goes round (see [`crate::wal`], "Going
-//! round"), a logged transaction's chunk value is an
+//! When the write-ahead log wraps (see [`crate::wal`], "Wrapping"),
+//! a logged transaction's chunk value is an
 //! [`InLog`](chunk::InLog) instead: where its bytes are in the log's
 //! record, read from there until the writer copies them in as the log
-//! comes round. Every reader of chunk values goes through one function,
+//! wraps back to them. Every reader of chunk values goes through one function,
 //! `chunk_bytes`.
 //!
 //! Schema version 2 introduced chunks; a version 1 file (one row per frame)
@@ -66,11 +66,11 @@
 //! [`Store::write_logged`] describes the transaction's changes in a record of
 //! the write-ahead log (`tether.wal` beside the store, see [`crate::wal`]),
 //! appends it, and commits to redb without durability: the caller makes it
-//! durable by syncing the log. Any durable commit ([`Store::persist`] when
+//! durable by syncing the log. Any durable commit ([`Store::commit_durably`] when
 //! nothing else is due) makes every earlier one durable too, after which
 //! no record is needed for a replay. The `meta` table's `wal_applied` is
 //! the number of the last record the state includes, written by each
-//! logged transaction itself (and, going round, with `wal_resume` and
+//! logged transaction itself (and, wrapping, with `wal_resume` and
 //! `wal_tail`, by each durable commit); opening the store applies the
 //! records above it.
 //!
@@ -127,7 +127,7 @@ pub use schema::{ProducerState, StreamMeta, SCHEMA_VERSION};
 pub use test_hooks::{corrupt_checkpoint_for_tests, remove_chunk_for_tests};
 pub use txn::WriteTxn;
 
-use recovery::{going_round_with, open_database, replay};
+use recovery::{open_database, replay, wrapping_capacity};
 use txn::{abort, commit, copy_kept_chunks, tables, write_in};
 
 /// The redb database file.
@@ -153,7 +153,7 @@ pub struct Store {
     /// bytes of records replayed when the store was opened until then:
     /// with the log's `written` now, the most that a replay on a reopened
     /// handle applies, for the room it asks first.
-    persisted_at: AtomicU64,
+    durable_at: AtomicU64,
     replayed_at_open: AtomicU64,
     /// What the commits made without durability since the last durable
     /// one asked room for, at most [`WRITE_BUFFER`]: their pages may still
@@ -182,7 +182,7 @@ fn verify_before_writing(
     let overlay = overlay::OverlayOpener::new(opener.clone());
     let probe = open_database(path, &overlay, &Arc::new(Headroom::default()))?;
     verify::verify_both_there(path, log_path, true, opener.as_ref())?;
-    let capacity = going_round_with(&probe, path)?.unwrap_or(log_capacity);
+    let capacity = wrapping_capacity(&probe, path)?.unwrap_or(log_capacity);
     let log = Wal::open_read(log_path, capacity, opener.as_ref())?;
     let verified = verify::verify_log(&probe, &log);
     drop(log);
@@ -257,7 +257,7 @@ impl Store {
     }
 
     /// [`Store::open`] with a log of `log_capacity` bytes, unless the log
-    /// already goes round: its positions are counted in the capacity it
+    /// already wraps: its positions are counted in the capacity it
     /// had when it began to, which it keeps.
     pub fn open_with_log(path: &Path, log_capacity: u64) -> Result<Store> {
         Self::open_with(path, log_capacity, Arc::new(OsOpener))
@@ -277,12 +277,12 @@ impl Store {
         }
         let headroom = Arc::new(Headroom::default());
         let db = open_database(path, opener.as_ref(), &headroom)?;
-        let round = if existed {
-            going_round_with(&db, path)?
+        let wrapping = if existed {
+            wrapping_capacity(&db, path)?
         } else {
             None
         };
-        let capacity = match round {
+        let capacity = match wrapping {
             Some(kept) if kept != log_capacity => {
                 tracing::warn!(
                     "the log goes round {kept} bytes; the setting of {log_capacity} applies \
@@ -305,7 +305,7 @@ impl Store {
             needs_reopen: AtomicBool::new(false),
             reopened_at: Mutex::new(None),
             last_batch: AtomicU64::new(0),
-            persisted_at: AtomicU64::new(0),
+            durable_at: AtomicU64::new(0),
             replayed_at_open: AtomicU64::new(0),
             owed: AtomicU64::new(0),
             log: log.reader(),
@@ -315,9 +315,13 @@ impl Store {
         };
         store.init_schema()?;
         if existed {
-            // Not going round, the records' frames go into redb's pages; going
-            // round, only where they are, a few bytes each.
-            let records = if round.is_some() { 0 } else { store.log_len() };
+            // Not wrapping, the records' frames go into redb's pages;
+            // wrapping, only where they are, a few bytes each.
+            let records = if wrapping.is_some() {
+                0
+            } else {
+                store.log_len()
+            };
             store.replayed_at_open.store(records, Ordering::Release);
             // On a full disk the store still opens, to serve reads: a
             // replay that finds no room goes on all the same (most of it
@@ -334,33 +338,33 @@ impl Store {
             // Only a head start: zeros are written ahead of the records.
             tracing::warn!("{e}");
         }
-        store.settle_log(round.is_some())?;
+        store.settle_log(wrapping.is_some())?;
         Ok(store)
     }
 
-    /// Makes the store's durable marks say whether the log goes round, as
+    /// Makes the store's durable marks say whether the log wraps, as
     /// [`Wal::prepare`] decided (`marked`: they said it did when the store
     /// was opened): a replay then reads the log the way it was written.
     /// Only a store that changes over commits anything.
     fn settle_log(&self, marked: bool) -> Result<()> {
-        let round = {
+        let wrapping = {
             let mut log = self.wal();
-            let round = log.layout() == Layout::Round;
-            if round && !marked {
-                log.start_round_here();
+            let wrapping = log.layout() == Layout::Wrapping;
+            if wrapping && !marked {
+                log.start_wrapping_here();
             }
-            round
+            wrapping
         };
-        if round != marked {
+        if wrapping != marked {
             self.write(|_| Ok(()))?;
         }
         Ok(())
     }
 
     /// Copies chunks the log keeps for the store into it, when the log's
-    /// records are getting near them (see [`crate::wal`], "Going round"):
+    /// records are getting near them (see [`crate::wal`], "Wrapping"):
     /// one step at `pace`, committed without durability. Returns whether
-    /// the store should now be persisted, so that the records can go over
+    /// the store should now be committed durably, so that the records can go over
     /// them.
     pub fn copy_from_log(&self, pace: CopyPace) -> Result<bool> {
         let guard = self.handle()?;
@@ -396,10 +400,10 @@ impl Store {
                 Err(e) => return Err(self.on_file(e)),
             }
         }
-        Ok(log.wants_persist())
+        Ok(log.wants_durable_commit())
     }
 
-    /// Going round: whether the log has chunks to copy into the store in
+    /// Wrapping: whether the log has chunks to copy into the store in
     /// idle time (see [`Store::copy_from_log`]).
     pub fn wants_copying(&self) -> bool {
         self.wal().copy_budget(CopyPace::Idle) > 0
@@ -462,7 +466,7 @@ impl Store {
     }
 
     /// [`Store::make_room`] for a batch of frames with `payload` bytes:
-    /// not going round, a logged commit writes them into redb's own pages,
+    /// not wrapping, a logged commit writes them into redb's own pages,
     /// which may take up to twice as many bytes (pages of a leaf split
     /// half full; a value of several pages placed on a boundary of its
     /// size). Remembered for [`Store::room_again`].
@@ -475,7 +479,7 @@ impl Store {
     /// [`Store::make_room_for`]; at most `cap` payload bytes) would now
     /// find room, checked as the write does, so that a refusal here names
     /// the cause the write would meet: room reserved for the store file,
-    /// then, not going round, room in the log's file for its record (see
+    /// then, not wrapping, room in the log's file for its record (see
     /// [`Wal::make_room`]). Degraded mode asks before it calls the store
     /// writable: a write that fails again at once would be refused to
     /// producers after they were told it works.
@@ -506,10 +510,10 @@ impl Store {
     /// The most bytes of records a replay on a reopened handle applies:
     /// those appended since the last durable commit, and, before the
     /// first, those replayed on opening.
-    fn unpersisted(&self, log: &Wal) -> u64 {
+    fn not_durable_bytes(&self, log: &Wal) -> u64 {
         let since = log
             .written()
-            .saturating_sub(self.persisted_at.load(Ordering::Acquire));
+            .saturating_sub(self.durable_at.load(Ordering::Acquire));
         since.saturating_add(self.replayed_at_open.load(Ordering::Acquire))
     }
 
@@ -531,7 +535,7 @@ impl Store {
         self.wal().rewrite()
     }
 
-    /// Whether the log can take a record of `bytes`: going round it always
+    /// Whether the log can take a record of `bytes`: wrapping it always
     /// can; otherwise its file must be able to grow to hold it (see
     /// [`Wal::make_room`]).
     pub fn log_has_room(&self, bytes: u64) -> Result<()> {
@@ -540,7 +544,7 @@ impl Store {
 
     /// Since when the write-ahead log has held commits the store may not
     /// hold durably; `None` when the store holds every commit itself.
-    pub fn unpersisted_since(&self) -> Option<std::time::Instant> {
+    pub fn not_durable_since(&self) -> Option<std::time::Instant> {
         self.wal().holding_since()
     }
 
@@ -595,8 +599,8 @@ impl Store {
 
     /// Makes every commit so far durable in the store itself, so that no
     /// record of the log is needed for a replay (it starts again from its
-    /// beginning, or, going round, goes on over the chunks copied).
-    pub fn persist(&self) -> Result<()> {
+    /// beginning, or, wrapping, goes on over the chunks copied).
+    pub fn commit_durably(&self) -> Result<()> {
         self.write(|_| Ok(()))
     }
 
@@ -618,7 +622,7 @@ impl Store {
         });
         match &result {
             Ok((_, Durable::Committed)) => {
-                self.persisted_at.store(log.written(), Ordering::Release);
+                self.durable_at.store(log.written(), Ordering::Release);
                 self.replayed_at_open.store(0, Ordering::Release);
                 self.owed.store(0, Ordering::Release);
             }
@@ -683,7 +687,7 @@ impl Store {
         // for them first: a handle that met a full disk at once would be
         // of no use to readers either.
         let mut log = self.wal();
-        let records = self.unpersisted(&log);
+        let records = self.not_durable_bytes(&log);
         // A new handle has nothing buffered yet.
         self.owed.store(0, Ordering::Release);
         self.make_room(records)?;

@@ -527,8 +527,8 @@ pub(super) fn scan_newest_first(
 
 /// How many times a read starts again, on a newer snapshot, when the
 /// log's records went over chunks it kept while they were read (the store
-/// has copied them by then, so once is all it takes unless the log goes
-/// round again meanwhile).
+/// has copied them by then, so once is all it takes unless the log wraps
+/// again meanwhile).
 const MOVED_RETRIES: usize = 4;
 
 /// Gathers frames for one [`Store::read_frames_into`] call, chunk after
@@ -646,7 +646,7 @@ mod tests {
         logged_frames(&store, 11, 20);
         assert_eq!(where_chunks_are(&store), (2, 0));
         // While the first attempt holds its snapshot (both chunks in the
-        // log) and has taken the first chunk, the log goes round past the
+        // log) and has taken the first chunk, the log wraps past the
         // second: the store copies it, and the records go over it.
         let attempts = std::cell::Cell::new(0);
         let read = store
@@ -660,7 +660,7 @@ mod tests {
                 },
                 || {
                     attempts.set(attempts.get() + 1);
-                    let go_round = || {
+                    let wrap_log = || {
                         let mut seq = 21;
                         while seq < 21 + 2 * SMALL_LOG / 1024 {
                             logged_frames(&store, seq, seq + 9);
@@ -670,7 +670,7 @@ mod tests {
                     Interrupted {
                         frames: Vec::new(),
                         first_take: (attempts.get() == 1)
-                            .then(|| Box::new(go_round) as Box<dyn FnOnce()>),
+                            .then(|| Box::new(wrap_log) as Box<dyn FnOnce()>),
                     }
                 },
             )

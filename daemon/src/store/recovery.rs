@@ -21,10 +21,10 @@ use crate::{Error, Result};
 /// redb's page cache. Bounded so that the daemon's memory does not grow with
 /// the store. Small, because every frame passes through it only once on
 /// its way to the file: redb keeps up to half of it as a write buffer of
-/// pages that non-durable commits left unwritten, and a persist (when the
+/// pages that non-durable commits left unwritten, and a durable commit (when the
 /// log is full) writes and syncs all of that while the writer waits. On
 /// W1, going from 8 to 2 MiB shortened those stalls (the slowest frames
-/// around each persist: 6-7 ms against 4-5 ms), cut the daemon's CPU per
+/// around each durable commit: 6-7 ms against 4-5 ms), cut the daemon's CPU per
 /// frame and its peak RSS (28 to 20 MiB), with W0, W2 and replay speed
 /// unchanged. A group commit bigger than the buffer (up to 4 MiB) has
 /// redb write its pages to the file early, which its commit protocol
@@ -36,7 +36,7 @@ const CACHE_BYTES: usize = 2 * 1024 * 1024;
 /// Applies what the log holds beyond the store (see [`crate::wal`]) and
 /// returns how many records that was. The replay is committed without
 /// durability and the log goes on after the records it applied: they stay
-/// in the log until the next persist (going round, until copying has
+/// in the log until the next durable commit (wrapping, until copying has
 /// passed them: the replay stores where their chunks are, as a logged
 /// commit does, rather than the bytes). So a replay needs no disk space:
 /// on a full disk the store still opens, with everything acknowledged,
@@ -51,7 +51,7 @@ pub(super) fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
         let applied = mark(META_WAL_APPLIED)?.unwrap_or(0);
         let resume = mark(META_WAL_RESUME)?;
         let tail = mark(META_WAL_TAIL)?;
-        // Going round, the records stay in the log until copying has
+        // Wrapping, the records stay in the log until copying has
         // passed them: only where each chunk's bytes are goes into the
         // store (a chunk its commit stored whole, the rest of one cut by
         // compaction, is then kept in the log like any other).
@@ -89,7 +89,7 @@ pub(super) fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
         })
     };
     match replayed {
-        Ok((applied, replayed, round)) => {
+        Ok((applied, replayed, wrapping)) => {
             let held = replayed.last > applied;
             if held {
                 txn.set_durability(Durability::None).map_err(storage)?;
@@ -102,8 +102,8 @@ pub(super) fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
             } else {
                 txn.abort().map_err(storage)?;
             }
-            match round {
-                Some((resume, tail)) => log.resume_round(replayed, resume, tail, held),
+            match wrapping {
+                Some((resume, tail)) => log.resume_wrapping(replayed, resume, tail, held),
                 None if held => log.resume(replayed),
                 None => log.restart(applied + 1)?,
             }
@@ -116,8 +116,8 @@ pub(super) fn replay(db: &Database, log: &mut Wal) -> Result<u64> {
     }
 }
 
-/// The capacity of the log of the store in `db`, when it goes round.
-pub(super) fn going_round_with(db: &Database, path: &Path) -> Result<Option<u64>> {
+/// The capacity of the log of the store in `db`, when it wraps.
+pub(super) fn wrapping_capacity(db: &Database, path: &Path) -> Result<Option<u64>> {
     let corrupt = |e: redb::Error| Error::CorruptStore {
         path: path.to_path_buf(),
         detail: e.to_string(),
@@ -276,7 +276,7 @@ mod tests {
         let consumers = recovered.load().unwrap().consumers;
         assert_eq!(consumers, vec![(7, "c".to_owned(), 10)]);
         // New logged commits follow on from the replayed ones, which stay
-        // in the log until a persist: a second crash keeps all of them.
+        // in the log until a durable commit: a second crash keeps all of them.
         assert!(matches!(log_ack(&recovered, 11), Durable::Logged(_)));
         let again = tempfile::tempdir().unwrap();
         let twice = Store::open_with_log(&crash_copy(&copy, again.path(), true), capacity).unwrap();
@@ -285,13 +285,13 @@ mod tests {
             twice.load().unwrap().consumers,
             vec![(7, "c".to_owned(), 11)]
         );
-        // Once persisted, the store holds them itself: not going round,
+        // Once committed durably, the store holds them itself: not wrapping,
         // the log starts again (its first record's header is zeroed) and a
-        // replay reads nothing; going round, the log goes on keeping their
+        // replay reads nothing; wrapping, the log goes on keeping their
         // chunks (its records stay until copying has passed them).
-        recovered.persist().unwrap();
-        let persisted = tempfile::tempdir().unwrap();
-        let bare = crash_copy(&copy, persisted.path(), true);
+        recovered.commit_durably().unwrap();
+        let durable = tempfile::tempdir().unwrap();
+        let bare = crash_copy(&copy, durable.path(), true);
         let bare = Store::open_with_log(&bare, capacity).unwrap();
         assert_eq!(stored_ts(&bare, 1, 10), expected);
         assert_eq!(
@@ -308,7 +308,7 @@ mod tests {
         let crashed = tempfile::tempdir().unwrap();
         let copy = crash_copy(&path, crashed.path(), false);
         // The store from before the log began (say, restored from a
-        // backup) with a log that has since gone round: where its next
+        // backup) with a log that has since wrapped: where its next
         // record was due, a record numbered further on.
         let mut seq = 1;
         while seq < 3 * SMALL_LOG / 1024 {
@@ -326,7 +326,7 @@ mod tests {
     }
 
     #[test]
-    fn a_replay_going_round_leaves_the_chunks_where_the_log_keeps_them() {
+    fn a_replay_of_a_wrapping_log_leaves_the_chunks_where_the_log_keeps_them() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.redb");
         let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
@@ -348,8 +348,8 @@ mod tests {
         let store = Store::open_with_log(&copy, SMALL_LOG).unwrap();
         stream_s_through(&store, 20);
         assert_all_frames(&store, 20);
-        // The log goes on after them, round three laps: they are copied
-        // when it comes round to them, and nothing goes over them before.
+        // The log goes on after them, three laps: they are copied
+        // when it wraps back to them, and nothing goes over them before.
         let mut last = 20;
         while last < 3 * SMALL_LOG / 1024 {
             logged_frames(&store, last + 1, last + 10);
@@ -357,7 +357,7 @@ mod tests {
         }
         stream_s_through(&store, last);
         assert_all_frames(&store, last);
-        // Crashed again without a persist since the replay, and closed
+        // Crashed again without a durable commit since the replay, and closed
         // without one: each comes back whole.
         let again = tempfile::tempdir().unwrap();
         let second = crash_copy(&copy, again.path(), true);
@@ -369,7 +369,7 @@ mod tests {
             assert_all_frames(&store, last);
         }
 
-        // A log that does not go round starts again after a persist: its
+        // A log that does not wrap starts again after a durable commit: its
         // replay stores the bytes.
         let flat = tempfile::tempdir().unwrap();
         let path = flat.path().join("t.redb");
@@ -385,7 +385,7 @@ mod tests {
     }
 
     #[test]
-    fn a_store_closed_without_a_persist_goes_on_after_its_records() {
+    fn a_store_closed_without_a_durable_commit_goes_on_after_its_records() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.redb");
         for round in 0..3 {

@@ -49,15 +49,15 @@ pub(super) const META_NEXT_STREAM_ID: &str = "next_stream_id";
 /// The number of the last write-ahead log record this state includes (see
 /// [`crate::wal`]); missing means none.
 pub(super) const META_WAL_APPLIED: &str = "wal_applied";
-/// Going round (see [`crate::wal`]): where the record after `wal_applied`
+/// Wrapping (see [`crate::wal`]): where the record after `wal_applied`
 /// goes in the log, as of the last durable commit; missing when the log
-/// does not go round.
+/// does not wrap.
 pub(super) const META_WAL_RESUME: &str = "wal_resume";
-/// Going round: the oldest position in the log of a chunk it keeps for
+/// Wrapping: the oldest position in the log of a chunk it keeps for
 /// the store, as of the last durable commit.
 pub(super) const META_WAL_TAIL: &str = "wal_tail";
-/// Going round: the log's capacity, which its positions are counted in
-/// (kept while the log goes round, whatever the setting says).
+/// Wrapping: the log's capacity, which its positions are counted in
+/// (kept while the log wraps, whatever the setting says).
 pub(super) const META_WAL_CAPACITY: &str = "wal_capacity";
 
 /// Per-stream bookkeeping, stored beside the frames it describes.

@@ -1,4 +1,4 @@
-//! The tests of the store as a whole (opening, the log going round under
+//! The tests of the store as a whole (opening, the log wrapping under
 //! writes, reads and crashes, redb's failures as the daemon's errors),
 //! and the helpers that the tests of every file of the store share.
 
@@ -129,10 +129,10 @@ pub(super) fn store_version(path: &Path, version: u64) {
 }
 
 /// A log capacity no filesystem has four times over: the log is not
-/// prepared, so it does not go round.
+/// prepared, so it does not wrap.
 pub(super) const UNPREPARED_LOG: u64 = 1 << 60;
 
-/// A log small enough to go round every few dozen commits.
+/// A log small enough to wrap every few dozen commits.
 pub(super) const SMALL_LOG: u64 = 128 * 1024;
 
 /// A KiB of payload naming `seq`.
@@ -144,7 +144,7 @@ pub(super) fn kib_payload(seq: u64) -> Bytes {
 
 /// Logs frames `from..=to` of stream 7 (a KiB each, see
 /// [`kib_payload`]), then tends the log as the writer does between
-/// batches: copies a step and persists when asked to.
+/// batches: copies a step and commits durably when asked to.
 pub(super) fn logged_frames(store: &Store, from: u64, to: u64) {
     store
         .write_logged(
@@ -163,7 +163,7 @@ pub(super) fn logged_frames(store: &Store, from: u64, to: u64) {
         )
         .unwrap();
     if store.copy_from_log(CopyPace::BetweenBatches).unwrap() {
-        store.persist().unwrap();
+        store.commit_durably().unwrap();
     }
 }
 
@@ -216,7 +216,7 @@ fn a_log_whose_store_file_was_removed_is_damage_and_left_as_it_was() {
     for through in 1..=3 {
         log_ack(&store, through);
     }
-    store.persist().unwrap();
+    store.commit_durably().unwrap();
     store.close().unwrap();
     drop(store);
     let log = path.with_extension("wal");
@@ -254,7 +254,7 @@ fn an_older_store_is_copied_aside_then_upgraded_when_opened() {
     let before = files(dir.path());
 
     // Opened, it is copied as it was into backup-2-<UTC time>/, then
-    // marked with this build's version; going round, chunk values may
+    // marked with this build's version; wrapping, chunk values may
     // then name the log's bytes, and the frames from before read back.
     let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
     let backups: Vec<PathBuf> = std::fs::read_dir(dir.path())
@@ -276,7 +276,7 @@ fn an_older_store_is_copied_aside_then_upgraded_when_opened() {
         files(&backups[0]) == before,
         "the copy is the store as it was"
     );
-    assert_eq!(store.wal().layout(), Layout::Round);
+    assert_eq!(store.wal().layout(), Layout::Wrapping);
     logged_frames(&store, 11, 20);
     assert_eq!(where_chunks_are(&store).0, 1, "a chunk kept in the log");
     stream_s_through(&store, 20);
@@ -296,11 +296,11 @@ fn an_older_store_is_copied_aside_then_upgraded_when_opened() {
 }
 
 #[test]
-fn chunks_kept_in_the_log_stay_readable_as_it_goes_round() {
+fn chunks_kept_in_the_log_stay_readable_as_it_wraps() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.redb");
     let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
-    assert_eq!(store.wal().layout(), Layout::Round);
+    assert_eq!(store.wal().layout(), Layout::Wrapping);
     logged_frames(&store, 1, 10);
     stream_s_through(&store, 10);
     // The commit's chunk is where its record is, not in the store.

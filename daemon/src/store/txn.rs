@@ -37,7 +37,7 @@ pub struct WriteTxn<'t> {
     /// Chunks closed and logged but not yet in `chunks`, with where their
     /// bytes start in the record: a logged transaction inserts them only
     /// after its record is appended, so that the log's sync runs while
-    /// redb stores them (and, when the log goes round, so that their
+    /// redb stores them (and, when the log wraps, so that their
     /// place in the log is known).
     unstored: Vec<((u64, u64), Vec<u8>, usize)>,
     /// Reads chunks the log keeps for the store.
@@ -158,7 +158,7 @@ impl WriteTxn<'_> {
     /// Closes the chunks gathered so far and writes every logged one to
     /// `chunks`, so that the rest of the transaction (and the commit)
     /// sees them. `kept_at`: where the transaction's record was appended
-    /// to a log that goes round, which then keeps the chunks' bytes for
+    /// to a log that wraps, which then keeps the chunks' bytes for
     /// the store (`chunks` gets where they are, see [`InLog`]).
     pub(super) fn store_chunks(&mut self, kept_at: Option<u64>) -> Result<()> {
         self.flush_chunks()?;
@@ -211,7 +211,7 @@ impl WriteTxn<'_> {
 
     /// Applies one change of a replayed log record. `kept`: the record's
     /// position and body when the log keeps its chunks for the store
-    /// (going round), which then gets where they are, as from
+    /// (wrapping), which then gets where they are, as from
     /// [`WriteTxn::store_chunks`].
     pub(super) fn apply(&mut self, op: Op<'_>, kept: Option<(u64, &[u8])>) -> Result<()> {
         match op {
@@ -453,7 +453,7 @@ pub(super) fn tables<'t>(
 
 /// Runs `f` in one write transaction and commits it: through the log when
 /// `appended` is given and the log can describe it and has room, else
-/// durably (after which the log starts again, or, going round, goes on
+/// durably (after which the log starts again, or, wrapping, goes on
 /// past the chunks it kept that are now in the store).
 ///
 /// `room` is asked for room for the blocks redb may take before values go
@@ -487,11 +487,11 @@ pub(super) fn write_in<T>(
                             let meta = tables.meta.get()?;
                             meta.insert(META_WAL_APPLIED, log.next_number())
                                 .map_err(storage)?;
-                            // Going round, where the next record goes too:
+                            // Wrapping, where the next record goes too:
                             // a state with this commit in it (redb may keep
                             // it) must not send a replay back to an older
                             // place.
-                            if log.layout() == Layout::Round {
+                            if log.layout() == Layout::Wrapping {
                                 meta.insert(META_WAL_RESUME, at + len).map_err(storage)?;
                             }
                         }
@@ -534,7 +534,7 @@ pub(super) fn write_in<T>(
                     appended(ticket);
                 }
                 durable = Durable::Logged(ticket);
-                kept_at = (log.layout() == Layout::Round).then_some(at);
+                kept_at = (log.layout() == Layout::Wrapping).then_some(at);
             }
             // Not committed to the store directly instead: on a full disk
             // that would make redb meet the failure too, and redb then
@@ -573,19 +573,19 @@ pub(super) fn write_in<T>(
         if let Some(to) = copied {
             log.copied_to(to);
         }
-        log.persisted(log.next_number())?;
+        log.committed_durably(log.next_number())?;
     }
     Ok((value, durable))
 }
 
 /// Writes into a durable commit what the log needs of it (see
-/// [`Wal::durable_marks`]): going round, the last record the store holds,
+/// [`Wal::durable_marks`]): wrapping, the last record the store holds,
 /// where the next goes and where the chunks the log keeps start; when the
 /// log was `full`, a stretch of those chunks is copied into the store
-/// first, so that the records can go on. Not going round, a store that
+/// first, so that the records can go on. Not wrapping, a store that
 /// did clears those marks. Returns where copying reached, if it moved.
 fn durable_marks(tables: &mut WriteTxn<'_>, log: &Wal, full: bool) -> Result<Option<u64>> {
-    let copied = if full && log.layout() == Layout::Round {
+    let copied = if full && log.layout() == Layout::Wrapping {
         Some(copy_kept_chunks(tables, log, 2 * log.copy_ahead())?)
     } else {
         None

@@ -37,11 +37,11 @@ use crate::{Error, Result};
 pub(super) struct LogMarks {
     /// The last record the store holds.
     pub applied: u64,
-    /// Going round: where the record after `applied` went.
+    /// Wrapping: where the record after `applied` went.
     pub resume: Option<u64>,
-    /// Going round: where the oldest chunk the store reads from the log is.
+    /// Wrapping: where the oldest chunk the store reads from the log is.
     pub tail: Option<u64>,
-    /// Going round: the log's capacity.
+    /// Wrapping: the log's capacity.
     pub capacity: Option<u64>,
 }
 
@@ -176,7 +176,7 @@ pub(super) fn verify_log(db: &impl ReadableDatabase, log: &Wal) -> Result<()> {
     if let (Some(tail), Some(resume)) = (marks.tail, marks.resume) {
         if let Some(at) = log.verify_kept(tail, resume)? {
             let next = log
-                .find_valid_after(at, 0, Layout::Round)?
+                .find_valid_after(at, 0, Layout::Wrapping)?
                 .map(|(_, next)| next)
                 .filter(|&next| next > at);
             return Err(damaged(
@@ -246,7 +246,7 @@ fn kept_in(db: &impl ReadableDatabase, log: &Wal, from: u64, to: Option<u64>) ->
         let Some(in_log) = InLog::parse(value.value()) else {
             continue;
         };
-        let at = log.file_offset(in_log.at, Layout::Round);
+        let at = log.file_offset(in_log.at, Layout::Wrapping);
         if at >= from && at < to {
             let (stream_id, first) = key.value();
             let last = first + u64::from(in_log.count).saturating_sub(1);

@@ -193,7 +193,7 @@ impl Inner {
             let what = format!("handling the exit of shim pid {pid} of {id}");
             inner
                 .clone()
-                .persist(&what, || inner.shim_exited(&id, attempt, pid))
+                .retry_until_done(&what, || inner.shim_exited(&id, attempt, pid))
                 .await;
         });
     }

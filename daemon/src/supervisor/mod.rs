@@ -477,7 +477,10 @@ impl Inner {
             let Some(inner) = weak.upgrade() else { return };
             let tasks = inner.tasks.clone();
             tasks.spawn(async move {
-                inner.clone().persist(&what, || action(inner.clone())).await;
+                inner
+                    .clone()
+                    .retry_until_done(&what, || action(inner.clone()))
+                    .await;
             });
         });
         AbortOnDropHandle::new(handle)
@@ -488,7 +491,7 @@ impl Inner {
     /// execution must not stay `running` with a dead shim because one
     /// commit met a full disk. Storage failures are retried every
     /// [`RETRY_DELAY`] until shutdown.
-    async fn persist<F, Fut>(self: Arc<Self>, what: &str, mut attempt: F)
+    async fn retry_until_done<F, Fut>(self: Arc<Self>, what: &str, mut attempt: F)
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<()>>,

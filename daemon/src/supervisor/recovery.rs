@@ -93,7 +93,7 @@ impl Inner {
             let what = format!("resuming {id}");
             inner
                 .clone()
-                .persist(&what, || {
+                .retry_until_done(&what, || {
                     inner.resume(&slot, state, gone.clone(), stop, next_attempt)
                 })
                 .await;

@@ -9,7 +9,7 @@
 //! file later). The [`Syncer`](crate::syncer::Syncer) thread syncs the log
 //! while the writer goes on with the next batch, and only then is the
 //! transaction's work published or acknowledged. Every so often redb is
-//! made durable itself (a *persist*: when the log is full, when the writer
+//! made durable itself (a *durable commit*: when the log is full, when the writer
 //! is idle, on close, and for any transaction the log cannot describe);
 //! after that no record is needed for a replay.
 //!
@@ -18,7 +18,7 @@
 //! `[body length u32 LE][CRC-32 u32 LE of number and body][number u64 LE][body]`.
 //! The body is the transaction's changes as postcard [`Op`]s, each one
 //! absolute (a value put, a key or key range removed), never relative to
-//! what was there. Records are numbered one after another, across persists.
+//! what was there. Records are numbered one after another, across durable commits.
 //!
 //! # Recovery
 //!
@@ -30,15 +30,15 @@
 //! torn write, the zeros of a file that never got that far, or an older
 //! record left behind by an earlier run through the file all end it); the
 //! records above the stored number are applied again, in order (committed
-//! without durability: they stay in the log until the next persist). The
+//! without durability: they stay in the log until the next durable commit). The
 //! first record must be at most one above the
 //! stored number: if it is further on, records are missing, and the store
 //! is refused as corrupt rather than opened with a hole.
 //!
-//! # Going round
+//! # Wrapping
 //!
 //! A log whose file was filled to its capacity when the store opened
-//! ([`Wal::prepare`]; not where free space is short) goes round that
+//! ([`Wal::prepare`]; not where free space is short) wraps that
 //! file, and keeps the frames of its records for the store: a logged
 //! transaction stores in redb, for each chunk, only where the record put
 //! its bytes (the store's `InLog` value: position, length, CRC-32), so
@@ -58,8 +58,8 @@
 //! without durability: a piece at a time when it has nothing else to do,
 //! and between batches once the records come within three quarters of
 //! that (see [`CopyPace`]); as they come within
-//! [`PERSIST_AHEAD`], it persists, and the tail moves up to where copying
-//! reached. A full log still takes a commit, durably, copying a stretch
+//! [`DURABLE_COMMIT_AHEAD`], it commits durably, and the tail moves up
+//! to where copying reached. A full log still takes a commit, durably, copying a stretch
 //! of chunks in the same transaction.
 //!
 //! A durable commit stores the *marks*: the last record it holds, where
@@ -71,8 +71,8 @@
 //! due there: an older one is the log's end, a newer one a hole. It
 //! stores where the records' chunks are, as a logged commit does, and
 //! where the next record goes; the records stay until copying passes
-//! them. A store that changes between going round and not (free space)
-//! is persisted on opening, so that its marks always say how its log was
+//! them. A store that changes between wrapping and not (free space)
+//! is committed durably on opening, so that its marks always say how its log was
 //! written.
 //!
 //! Readers take a snapshot of redb and then read the log without its
@@ -104,10 +104,10 @@ pub use replay::{LostRecords, Replayed, Salvaged};
 
 use replay::Record;
 
-/// The log's size: where it goes round, or (not going round) where a
-/// persist starts it again from its beginning. A persist stalls the
-/// writer for a few ms (W1's p99 was 2.2–2.8 ms with 64 MiB, four
-/// persists per million 256-byte frames, and 1.6–2.0 ms with 256 MiB,
+/// The log's size: where it wraps, or (not wrapping) where a durable
+/// commit starts it again from its beginning. A durable commit stalls
+/// the writer for a few ms (W1's p99 was 2.2–2.8 ms with 64 MiB, four
+/// durable commits per million 256-byte frames, and 1.6–2.0 ms with 256 MiB,
 /// one); a replay after a crash reads at most this much (800k frames
 /// replayed and served in 0.5 s), and a burst of frames up to about
 /// this much is written once.
@@ -125,15 +125,16 @@ const ZERO_STEP: u64 = 1024 * 1024;
 /// it starts again (see [`Wal::restart`]).
 const KEEP_FILE_FREE: u64 = 4;
 
-/// Going round: how far ahead of the records the chunks kept in the log
+/// Wrapping: how far ahead of the records the chunks kept in the log
 /// are copied into the store, at most (a sixteenth of a smaller log).
 /// Small, so that a burst shorter than a lap less this is written once
 /// (W1's million frames are about a lap); big enough for the copying to
-/// keep ahead in idle time, and for a writer with none to persist seldom
-/// (see [`PERSIST_AHEAD`]; at 8 MiB, a sustained W2 ran a sixth slower).
+/// keep ahead in idle time, and for a writer with none to commit
+/// durably seldom (see [`DURABLE_COMMIT_AHEAD`]; at 8 MiB, a sustained
+/// W2 ran a sixth slower).
 const COPY_AHEAD: u64 = 16 * 1024 * 1024;
 
-/// Going round: the records copied from in one step of copying (at most;
+/// Wrapping: the records copied from in one step of copying (at most;
 /// a 256th of a smaller log). Small, so that a command arriving while the
 /// writer copies in idle time waits little, and copying between batches
 /// holds each batch up a little rather than a few a lot.
@@ -153,22 +154,22 @@ pub enum CopyPace {
 /// How the log lays its records out in its file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
-    /// From the file's start on, up to its capacity at most; a persist
-    /// starts the log again from its start, and the store holds every
-    /// chunk itself.
+    /// From the file's start on, up to its capacity at most; a durable
+    /// commit starts the log again from its start, and the store holds
+    /// every chunk itself.
     Flat,
-    /// *Going round*: the file is reused in laps, positions count every
+    /// *Wrapping*: the file is reused in laps, positions count every
     /// lap, and the records keep the chunks' bytes for the store (see
-    /// "Going round" in the module docs).
-    Round,
+    /// "Wrapping" in the module docs).
+    Wrapping,
 }
 
 impl Layout {
     /// The layout that the store's marks say the log was written in: only
-    /// going round do they say where the next record went (`resume`).
+    /// wrapping do they say where the next record went (`resume`).
     pub fn of_resume(resume: Option<u64>) -> Layout {
         match resume {
-            Some(_) => Layout::Round,
+            Some(_) => Layout::Wrapping,
             None => Layout::Flat,
         }
     }
@@ -177,19 +178,19 @@ impl Layout {
     pub fn file_offset(self, pos: u64, capacity: u64) -> u64 {
         match self {
             Layout::Flat => pos,
-            Layout::Round => pos % capacity,
+            Layout::Wrapping => pos % capacity,
         }
     }
 }
 
-/// Going round: how near the records may come to chunks copied but not
-/// yet durably before the writer persists the store (at most; a 128th of
-/// a smaller log). Well within where copying between batches keeps the
+/// Wrapping: how near the records may come to chunks copied but not
+/// yet durably before the writer commits the store durably (at most; a
+/// 128th of a smaller log). Well within where copying between batches keeps the
 /// chunks copied ([`Wal::copy_budget`]): a producer that leaves the
-/// writer no idle time has the store persisted every time the records
-/// go that difference further (10 MiB; at a smaller difference, a
-/// persist after nearly every batch).
-const PERSIST_AHEAD: u64 = 2 * 1024 * 1024;
+/// writer no idle time has the store committed durably every time the
+/// records go that difference further (10 MiB; at a smaller difference,
+/// a durable commit after nearly every batch).
+const DURABLE_COMMIT_AHEAD: u64 = 2 * 1024 * 1024;
 
 /// What [`ZERO_STEP`] is written from, a piece at a time.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
@@ -218,13 +219,13 @@ pub struct Wal {
     /// The last record's buffer, kept for the next: a record is often
     /// hundreds of KiB, and growing a fresh one each time cost page faults.
     spare: Option<RecordBuf>,
-    /// Whether the log goes round its file, keeping chunks for the store:
+    /// Whether the log wraps its file, keeping chunks for the store:
     /// flat until [`Wal::prepare`] decides.
     layout: Layout,
-    /// Going round: the oldest position a chunk kept in the log may have,
+    /// Wrapping: the oldest position a chunk kept in the log may have,
     /// as the store holds durably. Records go no further than a lap ahead.
     tail: u64,
-    /// Going round: how far the chunks kept in the log have been copied
+    /// Wrapping: how far the chunks kept in the log have been copied
     /// into the store, durably or not (at or after `tail`).
     copied: u64,
     /// The end of the last record whose writing began, for readers of
@@ -274,12 +275,12 @@ impl Wal {
         })
     }
 
-    /// The log's size: where it goes round.
+    /// The log's size: where it wraps.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
-    /// Whether the log goes round its file, keeping chunks for the store
+    /// Whether the log wraps its file, keeping chunks for the store
     /// (decided by [`Wal::prepare`]).
     pub fn layout(&self) -> Layout {
         self.layout
@@ -327,7 +328,7 @@ impl Wal {
     }
 
     /// Empties the log; the next record gets `next_number`. Only after a
-    /// persist: what was appended before is then no longer needed.
+    /// durable commit: what was appended before is then no longer needed.
     ///
     /// Appending starts again at the file's beginning, over the records
     /// already there (a replay stops at the first of them: its number is
@@ -381,8 +382,8 @@ impl Wal {
     /// on a new store, four alternated pairs: e2e p99 1.6–2.1 against
     /// 2.5–3.4 ms, and a higher rate in three).
     ///
-    /// A log whose file is then its whole capacity goes round it (see
-    /// "Going round" in the module docs) for as long as it is open.
+    /// A log whose file is then its whole capacity wraps it (see
+    /// "Wrapping" in the module docs) for as long as it is open.
     pub fn prepare(&mut self) -> Result<()> {
         if self.filled < self.capacity && self.space_to_spare() {
             let capacity = self.capacity;
@@ -392,15 +393,15 @@ impl Wal {
             })?;
         }
         self.layout = if self.is_filled() {
-            Layout::Round
+            Layout::Wrapping
         } else {
             Layout::Flat
         };
         Ok(())
     }
 
-    /// Whether the file is filled to its capacity, so that the log goes
-    /// round once prepared: from a store's opening on, its records stay
+    /// Whether the file is filled to its capacity, so that the log wraps
+    /// once prepared: from a store's opening on, its records stay
     /// where they are until copying has passed them.
     pub fn is_filled(&self) -> bool {
         self.filled >= self.capacity
@@ -424,10 +425,10 @@ impl Wal {
         self.head.fetch_max(self.pos, Ordering::SeqCst);
     }
 
-    /// Going round: goes on after a replay from `resume_at` (the store's
+    /// Wrapping: goes on after a replay from `resume_at` (the store's
     /// durable mark), with chunks kept in the log from `tail` on. `held`:
     /// the replay applied records, which the store does not hold durably.
-    pub fn resume_round(&mut self, replayed: Replayed, resume_at: u64, tail: u64, held: bool) {
+    pub fn resume_wrapping(&mut self, replayed: Replayed, resume_at: u64, tail: u64, held: bool) {
         self.pos = replayed.end;
         self.next_number = replayed.last + 1;
         self.tail = tail.min(resume_at);
@@ -436,26 +437,26 @@ impl Wal {
         self.head.fetch_max(self.pos, Ordering::SeqCst);
     }
 
-    /// Going round from here on, for a store that did not: no chunk is
-    /// kept in the log yet, and the next persist stores where it is.
-    pub fn start_round_here(&mut self) {
+    /// Wrapping from here on, for a store that did not: no chunk is
+    /// kept in the log yet, and the next durable commit stores where it is.
+    pub fn start_wrapping_here(&mut self) {
         self.tail = self.pos;
         self.copied = self.pos;
     }
 
-    /// Going round: what a durable commit of the store records, (the last
+    /// Wrapping: what a durable commit of the store records, (the last
     /// record it holds, where a replay starts, the oldest chunk the log
-    /// keeps for it); `None` when not going round.
+    /// keeps for it); `None` when not wrapping.
     pub fn durable_marks(&self) -> Option<(u64, u64, u64)> {
-        (self.layout == Layout::Round).then(|| (self.next_number - 1, self.pos, self.copied))
+        (self.layout == Layout::Wrapping).then(|| (self.next_number - 1, self.pos, self.copied))
     }
 
     /// After a durable commit of the store (which stored
     /// [`Wal::durable_marks`]): no record is needed for a replay any more.
-    /// Going round, the log goes on where it is, and the chunks copied
+    /// Wrapping, the log goes on where it is, and the chunks copied
     /// into the store no longer hold the records back; otherwise it starts
     /// again (see [`Wal::restart`]).
-    pub fn persisted(&mut self, next_number: u64) -> Result<()> {
+    pub fn committed_durably(&mut self, next_number: u64) -> Result<()> {
         if self.layout == Layout::Flat {
             return self.restart(next_number);
         }
@@ -475,7 +476,7 @@ impl Wal {
         self.copy_ahead() / 4 * 3
     }
 
-    /// Going round: how many bytes of records to copy chunks from now (0
+    /// Wrapping: how many bytes of records to copy chunks from now (0
     /// for none), at `pace`. Idle, a piece of what brings the copying
     /// [`COPY_AHEAD`] ahead of the records; between batches, only once
     /// the records are within three quarters of that, what brings it
@@ -499,12 +500,12 @@ impl Wal {
         }
     }
 
-    /// Going round: whether a persist would let the records go on further,
+    /// Wrapping: whether a durable commit would let the records go on further,
     /// and they are getting near the chunks the log still keeps.
-    pub fn wants_persist(&self) -> bool {
-        self.layout == Layout::Round
+    pub fn wants_durable_commit(&self) -> bool {
+        self.layout == Layout::Wrapping
             && self.copied > self.tail
-            && self.pos + PERSIST_AHEAD.min(self.capacity / 128) > self.tail + self.capacity
+            && self.pos + DURABLE_COMMIT_AHEAD.min(self.capacity / 128) > self.tail + self.capacity
     }
 
     /// Shows `each` the records from where copying stopped on, as (their
@@ -537,15 +538,15 @@ impl Wal {
     }
 
     /// Chunks kept in records before `at` are in the store now (not yet
-    /// durably: [`Wal::persisted`] lets the records go over them).
+    /// durably: [`Wal::committed_durably`] lets the records go over them).
     pub fn copied_to(&mut self, at: u64) {
         self.copied = self.copied.max(at);
     }
 
     /// Where a record of `len` bytes would start if appended now: after
-    /// the last one, or, going round, at the start of the file's next lap
+    /// the last one, or, wrapping, at the start of the file's next lap
     /// when it does not fit before the file's end; `None` when the log
-    /// has no room for it (before its end, or, going round, a lap ahead
+    /// has no room for it (before its end, or, wrapping, a lap ahead
     /// of the chunks it still keeps for the store).
     pub fn place(&self, len: u64) -> Option<u64> {
         if self.layout == Layout::Flat {
@@ -559,7 +560,7 @@ impl Wal {
         (start + len <= self.tail + self.capacity).then_some(start)
     }
 
-    /// Going round: where the file's next lap after position `pos` starts.
+    /// Wrapping: where the file's next lap after position `pos` starts.
     fn next_lap(&self, pos: u64) -> u64 {
         pos - pos % self.capacity + self.capacity
     }

@@ -32,8 +32,8 @@ impl SyncHandle {
 
     /// Asks the kernel to start writing the store's dirty pages out, and
     /// returns without waiting for them. The store is made durable only by
-    /// a persist, which then has little left to write: without this, a
-    /// persist after a full log wrote tens of MiB while the writer waited.
+    /// a durable commit, which then has little left to write: without
+    /// this, a durable commit after a full log wrote tens of MiB while the writer waited.
     /// Harmless at any moment: the kernel may write those pages whenever it
     /// likes anyway, and the store's own commit protocol allows for it.
     pub fn start_store_writeback(&self) {
@@ -62,8 +62,8 @@ impl SyncHandle {
     }
 }
 
-/// Reads chunks the log keeps for the store (see [`crate::wal`], "Going
-/// round"), from any thread.
+/// Reads chunks the log keeps for the store (see [`crate::wal`],
+/// "Wrapping"), from any thread.
 #[derive(Clone, Debug)]
 pub struct LogReader {
     file: Arc<dyn FileIo>,
@@ -149,7 +149,7 @@ mod tests {
         let mut at = wal.pos;
         while at < 64 * 1024 + 200 {
             wal.copied_to(wal.pos);
-            wal.persisted(wal.next_number()).unwrap();
+            wal.committed_durably(wal.next_number()).unwrap();
             wal.append(&mut sized(1000, 8)).unwrap();
             at = wal.pos;
         }

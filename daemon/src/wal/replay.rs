@@ -44,7 +44,7 @@ pub(super) enum Record {
 impl Wal {
     /// Shows `apply` each record numbered above `applied`, in order, as
     /// (its number, its position, its body) (see [`crate::wal`],
-    /// "Recovery", for where the log ends). `from`: going round, where the
+    /// "Recovery", for where the log ends). `from`: wrapping, where the
     /// store's durable mark says the record after `applied` went (it must
     /// be there, or at the start of the file's next lap); `None` reads
     /// from the file's start, skipping records the store holds.
@@ -65,7 +65,7 @@ impl Wal {
             let due = last.map_or(applied + 1, |l| l + 1);
             let mut physical = layout.file_offset(pos, self.capacity);
             let mut found = self.read_record(physical, &mut body)?;
-            if layout == Layout::Round
+            if layout == Layout::Wrapping
                 && physical != 0
                 && !matches!(found, Record::Valid { number, .. } if number == due)
             {
@@ -82,9 +82,9 @@ impl Wal {
             }
             let (number, end) = match found {
                 Record::Valid { number, .. } if last.is_some() && number != due => break,
-                // Going round, an older record where the next was due is
+                // Wrapping, an older record where the next was due is
                 // the log's end.
-                Record::Valid { number, .. } if layout == Layout::Round && number < due => break,
+                Record::Valid { number, .. } if layout == Layout::Wrapping && number < due => break,
                 Record::Valid { number, end } => (number, end),
                 Record::Damaged { number, end } => {
                     // Reported only when it was the record due and the
@@ -181,7 +181,7 @@ impl Wal {
     }
 
     /// Searches the file, from just after the record at position `pos` to
-    /// where it comes back round (or its end), for a record that passes
+    /// where it wraps back to it (or its end), for a record that passes
     /// its check and is numbered above `above` (and not absurdly so):
     /// (its number, its byte in the file). Only asked after a record
     /// failed its check: a valid later record after it means the failed
@@ -209,7 +209,7 @@ impl Wal {
         let end = self.filled.min(self.capacity);
         let ranges = match layout {
             Layout::Flat => vec![(start, end)],
-            Layout::Round => vec![(start, end), (0, start.saturating_sub(1))],
+            Layout::Wrapping => vec![(start, end), (0, start.saturating_sub(1))],
         };
         let mut piece = vec![0u8; SCAN_PIECE + HEADER_LEN];
         let mut body = Vec::new();
@@ -260,7 +260,7 @@ impl Wal {
         Ok(None)
     }
 
-    /// Going round: checks that the records from `tail` (where the oldest
+    /// Wrapping: checks that the records from `tail` (where the oldest
     /// chunk the store reads from the log is) up to `resume` (where the
     /// record after the last one the store holds goes) are whole and
     /// numbered one after another: the store reads their chunks. A record
@@ -341,7 +341,7 @@ impl Wal {
         let mut from = from;
         loop {
             // Once a later record was found, reading goes on from it as
-            // from a durable mark: going round.
+            // from a durable mark: wrapping.
             let layout = Layout::of_resume(from);
             let start = from.unwrap_or(0);
             // Where reading stopped, and the first byte that may hold a
@@ -360,7 +360,7 @@ impl Wal {
                     // The first record there is numbered past the one due:
                     // the records between are missing.
                     Err(Error::CorruptStore { .. }) => {
-                        let at = self.file_offset(start, Layout::Round);
+                        let at = self.file_offset(start, Layout::Wrapping);
                         (at, at)
                     }
                     Err(e) => return Err(e),

@@ -14,23 +14,23 @@ impl Wal {
     /// `fdatasync` the kernel may have dropped the pages it could not
     /// write while still showing them to reads, so a later sync that
     /// succeeds says nothing about them: only writing them again makes
-    /// them dirty, and so synced, once more. Going round, that is from the
+    /// them dirty, and so synced, once more. Wrapping, that is from the
     /// tail (the oldest chunk the store may name) to the records' end;
     /// otherwise from the file's start.
     pub fn rewrite(&self) -> Result<()> {
         let (from, to) = match self.layout {
             Layout::Flat => (0, self.pos),
-            Layout::Round => (self.tail, self.pos),
+            Layout::Wrapping => (self.tail, self.pos),
         };
         let mut buf = vec![0u8; REWRITE_PIECE];
         let mut at = from;
         while at < to {
             let physical = self.layout.file_offset(at, self.capacity);
-            // A piece never crosses the file's end: going round, the next
+            // A piece never crosses the file's end: wrapping, the next
             // lap's bytes start again at 0.
             let room = match self.layout {
                 Layout::Flat => u64::MAX,
-                Layout::Round => self.capacity - physical,
+                Layout::Wrapping => self.capacity - physical,
             };
             let len = (to - at).min(REWRITE_PIECE as u64).min(room) as usize;
             let piece = &mut buf[..len];
@@ -55,12 +55,12 @@ impl Wal {
 }
 
 impl Wal {
-    /// Makes sure a record of `bytes` can be written next: not going
-    /// round, the file is filled with zeros past where it would end (as
+    /// Makes sure a record of `bytes` can be written next: not
+    /// wrapping, the file is filled with zeros past where it would end (as
     /// its append would), so that a full disk is found here rather than
     /// by a commit.
     pub fn make_room(&mut self, bytes: u64) -> Result<()> {
-        if self.layout == Layout::Round {
+        if self.layout == Layout::Wrapping {
             return Ok(());
         }
         let end = (self.pos + bytes).min(self.capacity);

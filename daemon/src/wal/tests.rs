@@ -1,5 +1,5 @@
-//! The tests of the log as a whole (starting again, preparing, going
-//! round and copying), and the helpers that the tests of every file of
+//! The tests of the log as a whole (starting again, preparing, wrapping
+//! and copying), and the helpers that the tests of every file of
 //! the log share.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -108,17 +108,17 @@ fn after_a_restart_the_next_open_reads_nothing() {
     );
 }
 
-/// A log of 64 KiB going round, prepared as a store opens it.
+/// A log of 64 KiB wrapping, prepared as a store opens it.
 pub(super) fn small_ring() -> (tempfile::TempDir, Wal) {
     let dir = tempfile::tempdir().unwrap();
     let mut wal = Wal::open(&dir.path().join("t.wal"), 64 * 1024, &OsOpener).unwrap();
     wal.prepare().unwrap();
     assert_eq!(
         wal.layout(),
-        Layout::Round,
+        Layout::Wrapping,
         "a temporary directory has room to spare"
     );
-    wal.start_round_here();
+    wal.start_wrapping_here();
     (dir, wal)
 }
 
@@ -129,7 +129,7 @@ pub(super) fn sized(len: usize, byte: u8) -> RecordBuf {
 }
 
 #[test]
-fn going_round_a_record_that_does_not_fit_goes_to_the_files_start() {
+fn wrapping_a_record_that_does_not_fit_goes_to_the_files_start() {
     let (_dir, mut wal) = small_ring();
     let mut starts = Vec::new();
     for byte in 1..=3 {
@@ -153,7 +153,7 @@ fn going_round_a_record_that_does_not_fit_goes_to_the_files_start() {
     wal.copied_to(to);
     assert_eq!(wal.place(len), None, "copied, but not yet durably");
     assert_eq!(wal.durable_marks(), Some((3, 3 * len, len)));
-    wal.persisted(4).unwrap();
+    wal.committed_durably(4).unwrap();
     assert_eq!(wal.place(len), Some(64 * 1024));
     wal.append(&mut sized(20 * 1024, 4)).unwrap();
 
@@ -216,7 +216,7 @@ fn copying_waits_for_idle_time_until_the_records_come_near() {
         wal.copy_budget(CopyPace::Idle) > 0,
         "idle time copies on up to COPY_AHEAD ahead"
     );
-    // Not going round: nothing is ever copied.
+    // Not wrapping: nothing is ever copied.
     let dir = tempfile::tempdir().unwrap();
     let mut flat = Wal::open(&dir.path().join("f.wal"), capacity, &OsOpener).unwrap();
     for _ in 0..100 {
@@ -227,11 +227,11 @@ fn copying_waits_for_idle_time_until_the_records_come_near() {
 }
 
 #[test]
-fn a_producer_that_leaves_no_idle_time_has_the_store_persisted_every_few_records() {
+fn a_producer_that_leaves_no_idle_time_has_the_store_committed_durably_every_few_records() {
     // As the writer tends the log between batches, with no idle time
     // to copy in: two laps of 500-byte records.
     let (_dir, mut wal) = small_ring();
-    let (mut records, mut persists) = (0, 0);
+    let (mut records, mut durable_commits) = (0, 0);
     while wal.pos < 3 * 64 * 1024 {
         let mut r = sized(500, 1);
         assert!(wal.place(r.len() as u64).is_some(), "the log ran full");
@@ -242,14 +242,14 @@ fn a_producer_that_leaves_no_idle_time_has_the_store_persisted_every_few_records
             let to = wal.records_to_copy(budget, |_, _| Ok(())).unwrap();
             wal.copied_to(to);
         }
-        if wal.wants_persist() {
-            wal.persisted(wal.next_number()).unwrap();
-            persists += 1;
+        if wal.wants_durable_commit() {
+            wal.committed_durably(wal.next_number()).unwrap();
+            durable_commits += 1;
         }
     }
-    assert!(persists > 0);
+    assert!(durable_commits > 0);
     assert!(
-        records >= 4 * persists,
-        "{persists} persists for {records} records"
+        records >= 4 * durable_commits,
+        "{durable_commits} durable commits for {records} records"
     );
 }

@@ -17,7 +17,7 @@ use tetherd::Error;
 
 const NAME: &str = "s";
 const STREAM_ID: u64 = 1;
-/// Small enough that a few commits go round it, so that the store keeps
+/// Small enough that a few commits wrap it, so that the store keeps
 /// chunks in the log as well as in redb.
 const LOG: u64 = 128 * 1024;
 
@@ -151,7 +151,7 @@ fn the_store_keeps_headroom_and_reports_a_short_disk_before_redb_meets_it() {
     let headroom = store.headroom();
     let mut meta = StreamMeta::new(STREAM_ID, 0);
     append_through(&store, &mut meta, 10).unwrap();
-    store.persist().unwrap();
+    store.commit_durably().unwrap();
     assert!(headroom.headroom() > 0);
     assert!(!headroom.space_short());
 
@@ -173,7 +173,7 @@ fn the_store_keeps_headroom_and_reports_a_short_disk_before_redb_meets_it() {
 }
 
 /// A store holding frames 1 to 50 from five logged commits, synced but
-/// not persisted.
+/// not committed durably.
 fn fifty(path: &Path, plan: &Arc<FaultPlan>) -> (Store, StreamMeta) {
     let store = open(path, plan).unwrap();
     let mut meta = StreamMeta::new(STREAM_ID, 0);
@@ -184,7 +184,7 @@ fn fifty(path: &Path, plan: &Arc<FaultPlan>) -> (Store, StreamMeta) {
 }
 
 /// Fails each write, sync, change of length and reservation of one logged
-/// commit and the persist after it in turn (with `errno`, or torn), and
+/// commit and the durable commit after it in turn (with `errno`, or torn), and
 /// checks that the store then holds either everything before that commit
 /// or everything with it (with it once the log was synced), now, after
 /// recovering, and after reopening; and that it takes the next commit
@@ -196,7 +196,7 @@ fn every_fault_of_one_commit(through: u64, ops: &[IoOp], fault: impl Fn(&FaultPl
     let (store, mut meta) = fifty(&dir.path().join("tether.redb"), &plan);
     plan.reset_counts();
     append_through(&store, &mut meta, through).unwrap();
-    store.persist().unwrap();
+    store.commit_durably().unwrap();
     let counts: Vec<u64> = ops.iter().map(|op| plan.count(&Files::Any, *op)).collect();
     assert!(counts.iter().all(|n| *n > 0), "{ops:?}: {counts:?}");
     drop(store);
@@ -212,7 +212,7 @@ fn every_fault_of_one_commit(through: u64, ops: &[IoOp], fault: impl Fn(&FaultPl
             if appended.is_ok() {
                 // Its failure is the injected one; what the store holds
                 // is checked below.
-                let _ = store.persist();
+                let _ = store.commit_durably();
             }
             assert!(!plan.pending(), "{op:?} {k} was not reached");
             let held = |what: &str, seqs: Vec<u64>| {
@@ -240,7 +240,7 @@ fn every_fault_of_one_commit(through: u64, ops: &[IoOp], fault: impl Fn(&FaultPl
     }
 }
 
-/// What a small commit and the persist after it do: the store's file
+/// What a small commit and the durable commit after it do: the store's file
 /// does not grow.
 const SMALL: [IoOp; 2] = [IoOp::Write, IoOp::Sync];
 
@@ -304,8 +304,8 @@ fn log_records(log: &Path) -> Vec<(u64, u64, u64)> {
 }
 
 /// The files of a store as a crash left them: frames 1 to 30 from three
-/// logged commits the store then persisted (their chunks stay in the log,
-/// which goes round), and 31 to 60 from three more that only the log
+/// logged commits the store then committed durably (their chunks stay in the log,
+/// which wraps), and 31 to 60 from three more that only the log
 /// holds. Returns the store file's path in a copy taken while the store
 /// was open, as `kill -9` would leave it.
 fn crashed_store(dir: &Path) -> PathBuf {
@@ -319,7 +319,7 @@ fn crashed_store(dir: &Path) -> PathBuf {
     for through in [10, 20, 30] {
         append_through(&store, &mut meta, through).unwrap();
     }
-    store.persist().unwrap();
+    store.commit_durably().unwrap();
     for through in [40, 50, 60] {
         append_through(&store, &mut meta, through).unwrap();
     }
@@ -399,7 +399,7 @@ fn a_record_whose_chunks_the_store_reads_from_the_log_failing_is_damage() {
     let dir = tempfile::tempdir().unwrap();
     let path = crashed_store(dir.path());
     let log = path.with_extension("wal");
-    // Persisted: the store holds where its chunk is in the log.
+    // Committed durably: the store holds where its chunk is in the log.
     let (at, _, len) = log_records(&log)[1];
     flip(&log, at + 16 + len / 2);
     let damage = damage(refused(&path));
@@ -524,7 +524,7 @@ fn a_full_disk_refuses_writes_before_redb_meets_it_and_reads_go_on() {
     for through in (10..=50).step_by(10) {
         append_through(&store, &mut meta, through).unwrap();
     }
-    store.persist().unwrap();
+    store.commit_durably().unwrap();
 
     // The disk is full: no block can be reserved any more. A commit
     // bigger than what is reserved is refused before redb sees it.
@@ -580,7 +580,7 @@ fn a_failing_store_file_is_reopened_for_reads_once_a_while_and_named() {
 
     // redb's durable commit fails to sync: redb refuses all work after it.
     plan.fail_next(Files::suffix(".redb"), IoOp::Sync, libc::EIO);
-    let err = store.persist().unwrap_err();
+    let err = store.commit_durably().unwrap_err();
     assert!(headroom.redb_failed());
     // Named as the contract words a failing device: the file, then why.
     let fault = tetherd::degraded::Fault::of(&err).expect("a storage fault");
@@ -606,7 +606,7 @@ fn a_failing_store_file_is_reopened_for_reads_once_a_while_and_named() {
     // fail as often); the writer's retry does.
     plan.fail_all(Files::suffix(".redb"), IoOp::Read, libc::EIO);
     plan.fail_next(Files::suffix(".redb"), IoOp::Sync, libc::EIO);
-    store.persist().unwrap_err();
+    store.commit_durably().unwrap_err();
     for _ in 0..3 {
         let _ = read_all(&store);
         assert!(headroom.redb_failed(), "reopened by a read again at once");

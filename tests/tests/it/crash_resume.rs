@@ -25,11 +25,11 @@ fn publish_and_tail_survive_repeated_kill_9_with_every_line_exactly_once() {
     survive_kills(&sb, daemon);
 }
 
-/// The same with a log of 256 KiB, which the frames go round about ten
-/// times: the chunks it keeps for the store are copied in as it comes
-/// round, and the kills land anywhere in that.
+/// The same with a log of 256 KiB, which the frames wrap about ten
+/// times: the chunks it keeps for the store are copied in as it wraps
+/// back to them, and the kills land anywhere in that.
 #[test]
-fn every_line_exactly_once_through_kill_9_while_the_log_goes_round() {
+fn every_line_exactly_once_through_kill_9_while_the_log_wraps() {
     let sb = Sandbox::new();
     let daemon = sb.start_daemon_with_env(&[("TETHER_LOG_CAPACITY", "262144")]);
     survive_kills(&sb, daemon);

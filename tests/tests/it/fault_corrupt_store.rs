@@ -64,7 +64,7 @@ fn a_kill_9_during_heavy_commits_is_recovered_with_every_acknowledged_frame() {
     d.kill9();
     d.restart();
     raw::assert_stored(&socket, "done", 3000);
-    // The acknowledged commits since the store's last persist were in the
+    // The acknowledged commits since the store's last durable commit were in the
     // write-ahead log only, and came back from it.
     assert!(
         d.logs()

@@ -103,8 +103,8 @@ fn a_record_failing_its_check_before_valid_ones_after_a_crash_is_damage() {
     let sb = Sandbox::new();
     let socket = sb.socket();
     let mut d = sb.start_daemon();
-    // The stream is in the store file itself (an idle daemon persists its
-    // store within a second), so that the refusal can name it.
+    // The stream is in the store file itself (an idle daemon commits its
+    // store durably within a second), so that the refusal can name it.
     sb.publish(STREAM, &line(1));
     std::thread::sleep(Duration::from_millis(2500));
     let mut publisher = sb.spawn("publisher", &["publish", STREAM]);
@@ -122,7 +122,7 @@ fn a_record_failing_its_check_before_valid_ones_after_a_crash_is_damage() {
     let victim = records[records.len() - 3].clone();
     damage::flip_byte(&log_file(&sb), victim.body_offset() + victim.body_len / 2);
     let said = assert_refused(&sb, &damaged_at(&log_file(&sb), victim.offset));
-    // The replay applies it (the commits since the last persist), or the
+    // The replay applies it (the commits since the last durable commit), or the
     // store reads its chunks from the log (before that): either way its
     // failure is found.
     let replayed = format!(
@@ -266,15 +266,15 @@ fn check_reports_a_stream_whose_seqs_do_not_follow() {
 }
 
 /// How long the last commits of the torn-tail test may take: under this,
-/// the daemon cannot have persisted them (it persists an idle store 1 s
-/// after its first commit that is in the log only).
-const UNPERSISTED_WITHIN: Duration = Duration::from_millis(800);
+/// the daemon cannot have committed them durably (it does so for an idle
+/// store 1 s after its first commit that is in the log only).
+const NOT_DURABLE_WITHIN: Duration = Duration::from_millis(800);
 
 /// Commits `earlier` lines, one `tether publish` each, waits until the
-/// store persisted them, then commits `last` more one at a time and crashes the
-/// daemon at once: the log holds those last commits only. `None` when
+/// store committed them durably, then commits `last` more one at a time
+/// and crashes the daemon at once: the log holds those last commits only. `None` when
 /// they took too long to be sure of that.
-fn crash_after_unpersisted_commits(earlier: u64, last: u64) -> Option<Sandbox> {
+fn crash_after_commits_not_yet_durable(earlier: u64, last: u64) -> Option<Sandbox> {
     let sb = Sandbox::new();
     let mut d = sb.start_daemon();
     for n in 1..=earlier {
@@ -286,7 +286,7 @@ fn crash_after_unpersisted_commits(earlier: u64, last: u64) -> Option<Sandbox> {
         sb.publish(STREAM, &line(n));
     }
     d.kill9();
-    (started.elapsed() < UNPERSISTED_WITHIN).then_some(sb)
+    (started.elapsed() < NOT_DURABLE_WITHIN).then_some(sb)
 }
 
 #[test]
@@ -294,7 +294,7 @@ fn a_torn_tail_after_a_crash_is_dropped_and_every_commit_before_it_kept() {
     const EARLIER: u64 = 20;
     const LAST: u64 = 3;
     let sb = (0..3)
-        .find_map(|_| crash_after_unpersisted_commits(EARLIER, LAST))
+        .find_map(|_| crash_after_commits_not_yet_durable(EARLIER, LAST))
         .expect("three publishes took over 800 ms three times: too slow to test a torn tail");
     let all = EARLIER + LAST;
     let kept = all - 1;
@@ -359,7 +359,7 @@ fn check_counts_the_frames_only_the_log_holds_after_a_crash() {
     let sb = Sandbox::new();
     let mut d = sb.start_daemon();
     sb.publish(STREAM, &lines(1..=SMALL));
-    // Within the second before an idle daemon persists its store.
+    // Within the second before an idle daemon commits its store durably.
     d.kill9();
     let before = StateSnapshot::take(&sb.state_dir());
     let out = damage::check(&sb);
@@ -407,8 +407,8 @@ fn check_beside_a_running_daemon_reports_damage_it_finds() {
     let log = log_file(&sb);
     let records = log_records(&sb, 1);
     let record = records.last().unwrap();
-    // The store reads the frames of this commit from the log (which goes
-    // round): damage them under the running daemon.
+    // The store reads the frames of this commit from the log (which
+    // wraps): damage them under the running daemon.
     damage::flip_byte(&log, record.body_offset() + record.body_len / 2);
     let out = damage::check(&sb);
     out.assert_code(65);

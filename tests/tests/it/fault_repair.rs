@@ -165,7 +165,7 @@ fn a_store_file_past_reading_is_rebuilt_from_the_log() {
     let out = damage::repair(&sb);
     out.assert_success();
     let bytes: u64 = (1..=1000).map(payload_len).sum();
-    // The log goes round: it holds every commit since the store began.
+    // The log wraps: it holds every commit since the store began.
     assert!(
         !out.stdout.contains("lost, per stream")
             && out.stdout.contains(&format!(
