@@ -1,6 +1,7 @@
 //! The crate's one error type and its mapping to process exit codes.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tether_protocol::ErrorCode;
@@ -66,8 +67,9 @@ pub enum Error {
     #[error("connection to {endpoint} failed: {source}")]
     Io {
         endpoint: String,
+        /// Shared, as the codec's I/O errors are.
         #[source]
-        source: std::io::Error,
+        source: Arc<std::io::Error>,
     },
 
     /// The daemon closed the connection without saying why.

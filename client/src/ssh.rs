@@ -388,7 +388,7 @@ impl SshExit {
         } else {
             Error::Io {
                 endpoint: endpoint.to_owned(),
-                source: io::Error::other(text),
+                source: io::Error::other(text).into(),
             }
         }
     }

@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use tether_protocol::ErrorCode;
 
-/// Everything that can go wrong inside `tetherd`.
-#[derive(Debug, thiserror::Error)]
+/// Everything that can go wrong inside `tetherd`. `Clone`, so that one
+/// failure can be told to every caller waiting on it (each command of a
+/// failed batch, each job waiting on a failed sync); sources are shared.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The store file exists but is not a readable redb database. The daemon
     /// refuses to start and does not touch the file.
@@ -76,8 +78,7 @@ pub enum Error {
     /// An operation refused for a storage failure that was reported, and
     /// logged, where it happened: a write while the store is degraded, a
     /// use of a store that a failed reopening left closed, appends that a
-    /// failed commit lost; or such a failure told to another caller
-    /// waiting on it (see [`Error::duplicate`]). Its words alone.
+    /// failed commit lost. Its words alone.
     #[error("storage error: {0}")]
     Refused(String),
 
@@ -128,7 +129,7 @@ pub enum Error {
     Io {
         context: String,
         #[source]
-        source: std::io::Error,
+        source: Arc<io::Error>,
     },
 
     /// The peer may not send what it began to send (see
@@ -166,10 +167,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// An [`Error::Io`] naming what was being done.
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+    pub fn io(context: impl Into<String>, source: impl Into<Arc<io::Error>>) -> Self {
         Error::Io {
             context: context.into(),
-            source,
+            source: source.into(),
         }
     }
 
@@ -192,27 +193,6 @@ impl Error {
             }
         } else {
             Error::storage(context, source)
-        }
-    }
-
-    /// The same failure for another caller waiting on it (each command of
-    /// a failed batch, each job waiting on a failed sync). A storage
-    /// failure is copied whole, sharing its source; any other error but
-    /// [`Error::ShuttingDown`] is told by its words, as [`Error::Refused`].
-    pub fn duplicate(&self) -> Error {
-        match self {
-            Error::DiskFull { detail, source } => Error::DiskFull {
-                detail: detail.clone(),
-                source: source.clone(),
-            },
-            Error::Storage { context, source } => Error::Storage {
-                context: context.clone(),
-                source: source.clone(),
-            },
-            Error::Invariant(detail) => Error::Invariant(detail.clone()),
-            Error::Refused(detail) => Error::Refused(detail.clone()),
-            Error::ShuttingDown => Error::ShuttingDown,
-            other => Error::Refused(other.to_string()),
         }
     }
 
@@ -287,6 +267,10 @@ pub(crate) fn is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
         } else if let Some(redb::Error::Io(io)) = e.downcast_ref::<redb::Error>() {
             // redb names no source for its own I/O errors.
             next = Some(io);
+        } else if let Some(io) = e.downcast_ref::<Arc<io::Error>>() {
+            // An I/O error shared so that its error can be cloned
+            // (`Error::Io`): the error itself, not its sources.
+            next = Some(&**io);
         }
     }
     false
@@ -442,7 +426,10 @@ mod tests {
     /// The I/O error somewhere under `e`.
     fn io_under(e: &Error) -> &io::Error {
         std::iter::successors(e.source(), |e| (*e).source())
-            .find_map(|e| e.downcast_ref::<io::Error>())
+            .find_map(|e| {
+                e.downcast_ref::<io::Error>()
+                    .or_else(|| e.downcast_ref::<Arc<io::Error>>().map(|io| &**io))
+            })
             .unwrap_or_else(|| panic!("no I/O error under {e:?}"))
     }
 
@@ -487,6 +474,7 @@ mod tests {
         )));
         // An I/O error made from another hides it from `source`.
         assert!(is_disk_full(&io::Error::other(Error::storage("x", full()))));
+        assert!(is_disk_full(&Error::io("x", full())));
         assert!(!is_disk_full(&Error::storage("writing", eio())));
         assert!(!is_disk_full(&Error::Invariant(
             "a chunk over 4 GiB".into()
@@ -494,29 +482,25 @@ mod tests {
     }
 
     #[test]
-    fn a_duplicate_shares_the_source_and_keeps_the_words_and_code() {
+    fn a_clone_shares_the_source_and_keeps_the_words_and_code() {
         let e = Error::storage("cannot append to the log /s/tether.wal", eio());
-        let copy = e.duplicate();
+        let copy = e.clone();
         assert_eq!(copy.to_string(), e.to_string());
         assert_eq!(io_under(&copy).raw_os_error(), Some(libc::EIO));
         let full = Error::DiskFull {
             detail: "No space left on device (os error 28)".into(),
             source: Some(io::Error::from_raw_os_error(libc::ENOSPC).into()),
         };
-        let copy = full.duplicate();
+        let copy = full.clone();
         assert_eq!(copy.code(), ErrorCode::STORAGE_FULL);
         assert_eq!(io_under(&copy).raw_os_error(), Some(libc::ENOSPC));
-        // Others are told by their words, with the code they had.
-        let other = Error::io("cannot open the log /s/tether.wal", eio()).duplicate();
-        assert!(matches!(other, Error::Refused(_)), "{other:?}");
-        assert_eq!(other.code(), ErrorCode::STORAGE);
+        let io = Error::io("cannot open the log /s/tether.wal", eio());
+        let copy = io.clone();
+        assert_eq!(copy.code(), ErrorCode::STORAGE);
         assert_eq!(
-            other.to_string(),
-            "storage error: cannot open the log /s/tether.wal: Input/output error (os error 5)"
+            copy.to_string(),
+            "cannot open the log /s/tether.wal: Input/output error (os error 5)"
         );
-        assert!(matches!(
-            Error::ShuttingDown.duplicate(),
-            Error::ShuttingDown
-        ));
+        assert_eq!(io_under(&copy).raw_os_error(), Some(libc::EIO));
     }
 }

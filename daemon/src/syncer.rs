@@ -256,11 +256,7 @@ impl Syncer {
         if !self.failed() {
             return None;
         }
-        self.shared
-            .lock_state()
-            .broken
-            .as_ref()
-            .map(Error::duplicate)
+        self.shared.lock_state().broken.clone()
     }
 
     /// Finishes the jobs sent and waits for the threads.
@@ -427,7 +423,7 @@ impl Shared {
         let mut state = self.lock_state();
         loop {
             if let Some(broken) = &state.broken {
-                return Err(broken.duplicate());
+                return Err(broken.clone());
             }
             if state.synced >= ticket {
                 return Ok(());

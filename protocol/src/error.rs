@@ -1,8 +1,10 @@
 //! The protocol crate's error type.
 
+use std::sync::Arc;
+
 /// Everything that can go wrong while framing or parsing a message, or
 /// when judging a socket's directory.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The length prefix announced a frame larger than the configured limit.
     /// Raised before any buffer is grown for it.
@@ -70,9 +72,16 @@ pub enum Error {
         why: String,
     },
 
-    /// The underlying byte stream failed.
+    /// The underlying byte stream failed. Shared, so that the error can
+    /// be cloned for everyone waiting on the same stream.
     #[error(transparent)]
-    Io(#[from] std::io::Error),
+    Io(Arc<std::io::Error>),
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(Arc::new(e))
+    }
 }
 
 /// Result with the protocol [`Error`].

@@ -53,7 +53,7 @@ pub fn check(socket: &Path, env: Env<'_>) -> Result<Option<u32>> {
     let meta = match std::fs::metadata(dir) {
         Ok(meta) => meta,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::Io(e)),
+        Err(e) => return Err(e.into()),
     };
     let name_owner = std::fs::symlink_metadata(dir)?.uid();
     let facts = DirFacts {

@@ -130,9 +130,9 @@ async fn stdin_to_daemon(
     mut to_daemon: OwnedWriteHalf,
     path: &Path,
 ) -> Result<()> {
-    let io = |source| Error::Io {
+    let io = |source: std::io::Error| Error::Io {
         endpoint: path.display().to_string(),
-        source,
+        source: source.into(),
     };
     while let Some(chunk) = rx.recv().await {
         let chunk = chunk.map_err(|source| Error::Local {
@@ -155,7 +155,7 @@ async fn daemon_to_stdout(mut from_daemon: OwnedReadHalf, path: &Path) -> Result
             .await
             .map_err(|source| Error::Io {
                 endpoint: path.display().to_string(),
-                source,
+                source: source.into(),
             })?;
         if n == 0 {
             return Ok(());

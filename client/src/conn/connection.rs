@@ -114,7 +114,7 @@ impl Connection {
     async fn write_failed(&mut self, source: std::io::Error) -> Error {
         let failed = Error::Io {
             endpoint: self.endpoint.clone(),
-            source,
+            source: source.into(),
         };
         self.why_write_failed(failed).await
     }
@@ -229,7 +229,7 @@ mod tests {
         });
         let broken_pipe = || Error::Io {
             endpoint: "d.sock".into(),
-            source: std::io::ErrorKind::BrokenPipe.into(),
+            source: std::io::Error::from(std::io::ErrorKind::BrokenPipe).into(),
         };
         let connector = connector(&path, Duration::from_secs(5));
         let mut refused = connector.connect().await.unwrap();

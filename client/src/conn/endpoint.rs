@@ -10,6 +10,7 @@
 use std::fmt;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tether_protocol::paths;
@@ -152,7 +153,7 @@ pub async fn connect_unix(path: &Path) -> Result<UnixStream> {
         .peer_cred()
         .map_err(|source| Error::Io {
             endpoint: shown.clone(),
-            source,
+            source: source.into(),
         })?
         .uid();
     let me = paths::current_uid();
@@ -183,7 +184,8 @@ fn judge_dir(path: &Path, shown: &str) -> Result<Option<u32>> {
 /// The error for a failed connect: [`Error::Io`] (retried) when there is
 /// no socket or nobody accepts on it, or when the daemon's backlog is full
 /// for a moment; [`Error::CannotConnect`] (final) for anything else.
-fn connect_failed(shown: &str, source: std::io::Error) -> Error {
+fn connect_failed(shown: &str, source: impl Into<Arc<std::io::Error>>) -> Error {
+    let source = source.into();
     match source.kind() {
         ErrorKind::NotFound | ErrorKind::ConnectionRefused | ErrorKind::WouldBlock => Error::Io {
             endpoint: shown.to_owned(),

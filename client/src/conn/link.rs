@@ -327,7 +327,8 @@ mod tests {
     fn over_ssh_a_late_timeout_does_not_hide_the_cause_the_remote_gave() {
         let explained = || Error::Io {
             endpoint: "ssh://h/x.sock".into(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "x.sock: No such file"),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "x.sock: No such file")
+                .into(),
         };
         let timeout = Error::Timeout {
             endpoint: "ssh://h/x.sock".into(),

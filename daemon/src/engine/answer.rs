@@ -124,7 +124,7 @@ impl Writer {
                 }
                 Err(e) => {
                     for (reply, _) in answers {
-                        reply.fail(e.duplicate());
+                        reply.fail(e.clone());
                     }
                 }
             }

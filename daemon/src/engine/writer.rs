@@ -304,7 +304,7 @@ impl Writer {
             let answers = compactions.into_iter().map(|reply| {
                 let result = match &result {
                     Ok(()) => Ok(Outcome::Done),
-                    Err(e) => Err(e.duplicate()),
+                    Err(e) => Err(e.clone()),
                 };
                 (reply, result)
             });
@@ -329,7 +329,7 @@ impl Writer {
         }
         if !self.healthy {
             if let Err(e) = self.recover() {
-                let failed = replies.into_iter().map(|r| (r, Err(e.duplicate())));
+                let failed = replies.into_iter().map(|r| (r, Err(e.clone())));
                 self.answer(Durable::Nothing, None, failed.collect(), in_flight);
                 return;
             }
@@ -350,7 +350,7 @@ impl Writer {
         }
         if let Err(e) = room {
             self.after_failure("commit", &e);
-            let failed = replies.into_iter().map(|r| (r, Err(e.duplicate())));
+            let failed = replies.into_iter().map(|r| (r, Err(e.clone())));
             self.answer(Durable::Nothing, None, failed.collect(), in_flight);
             return;
         }
@@ -391,7 +391,7 @@ impl Writer {
                     // A refused command was refused before the commit
                     // and would be refused again: say why.
                     Some(Err(refused)) => (reply, Err(refused)),
-                    _ => (reply, Err(e.duplicate())),
+                    _ => (reply, Err(e.clone())),
                 });
                 self.answer(Durable::Nothing, None, failed.collect(), in_flight);
             }
