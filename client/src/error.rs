@@ -116,6 +116,46 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    // The worker SDK's own (see `crate::worker`); exit code 1.
+    /// The program was not started by tether: a variable it sets is absent.
+    #[error(
+        "{variable} is not set: this program expects to run as a tether worker \
+         (start it with `tether run -- COMMAND`)"
+    )]
+    NotUnderTether { variable: &'static str },
+
+    /// The newest checkpoint was written in another schema version than
+    /// the one the worker asked for. What to do (migrate, start over) is
+    /// the worker's decision.
+    #[error("the newest checkpoint has schema version {stored}, this worker expects {expected}")]
+    SchemaMismatch { stored: u32, expected: u32 },
+
+    /// Stored JSON (a checkpoint or a step result) does not fit the type
+    /// asked for.
+    #[error("{what} does not decode as the expected type: {source}")]
+    Decode {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A value could not be encoded as JSON.
+    #[error("{what} cannot be encoded as JSON: {source}")]
+    Encode {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A step's body failed; nothing was recorded, so a later attempt runs
+    /// it again.
+    #[error("step {step:?} failed: {source}")]
+    Step {
+        step: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// Result with the crate's [`Error`].

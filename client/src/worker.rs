@@ -68,63 +68,10 @@ pub const ENV_RESUMED: &str = "TETHER_RESUMED";
 /// The variable with the attempt's number (1, 2, ...).
 pub const ENV_ATTEMPT: &str = "TETHER_ATTEMPT";
 
-/// What can go wrong in the worker SDK.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The program was not started by tether: a variable it sets is absent.
-    #[error(
-        "{variable} is not set: this program expects to run as a tether worker \
-         (start it with `tether run -- COMMAND`)"
-    )]
-    NotUnderTether { variable: &'static str },
-
-    /// The newest checkpoint was written in another schema version than
-    /// the one the worker asked for. What to do (migrate, start over) is
-    /// the worker's decision.
-    #[error("the newest checkpoint has schema version {stored}, this worker expects {expected}")]
-    SchemaMismatch { stored: u32, expected: u32 },
-
-    /// Stored JSON (a checkpoint or a step result) does not fit the type
-    /// asked for.
-    #[error("{what} does not decode as the expected type: {source}")]
-    Decode {
-        what: String,
-        #[source]
-        source: serde_json::Error,
-    },
-
-    /// A value could not be encoded as JSON.
-    #[error("{what} cannot be encoded as JSON: {source}")]
-    Encode {
-        what: String,
-        #[source]
-        source: serde_json::Error,
-    },
-
-    /// A step's body failed; nothing was recorded, so a later attempt runs
-    /// it again.
-    #[error("step {step:?} failed: {source}")]
-    Step {
-        step: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-
-    /// Talking to the daemon failed, or it refused the request.
-    #[error(transparent)]
-    Client(#[from] crate::Error),
-}
-
-impl Error {
-    /// The process exit code this error maps to (see [`crate::Error::exit_code`]);
-    /// worker-side failures are 1.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Error::Client(e) => e.exit_code(),
-            _ => crate::error::EXIT_ERROR,
-        }
-    }
-}
+/// The worker SDK's errors are the crate's [`Error`]: its variants
+/// `NotUnderTether`, `SchemaMismatch`, `Decode`, `Encode` and `Step` are
+/// the worker's own.
+pub use crate::Error;
 
 /// Result with the worker SDK's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -269,7 +216,7 @@ impl Worker {
             }
             answer => answer?,
         };
-        Ok(saved(response)?)
+        saved(response)
     }
 
     /// The newest valid checkpoint, decoded as `T`; `None` when there is
@@ -301,7 +248,7 @@ impl Worker {
         match self.call(&request).await {
             Ok(response) => Ok(Some(loaded(response)?)),
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 
@@ -312,7 +259,7 @@ impl Worker {
         match self.call(&request).await {
             Ok(response) => Ok(Some(loaded_full(response)?)),
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 
@@ -350,7 +297,7 @@ impl Worker {
             execution: self.execution.clone(),
             step: name.to_owned(),
         };
-        Ok(step_result(self.call(&get).await?)?)
+        step_result(self.call(&get).await?)
     }
 
     /// Records `result` for step `name` unless one is recorded already, and
@@ -362,7 +309,7 @@ impl Worker {
             step: name.to_owned(),
             result,
         };
-        Ok(step_recorded(self.call(&put).await?)?)
+        step_recorded(self.call(&put).await?)
     }
 
     /// Forgets the results recorded for `steps` (every step with `all`), so
@@ -370,7 +317,7 @@ impl Worker {
     /// this returns.
     pub async fn step_clear(&self, steps: Vec<String>, all: bool) -> Result<u64> {
         let request = step_clear_request(&self.execution, steps, all);
-        Ok(steps_cleared(self.call(&request).await?)?)
+        steps_cleared(self.call(&request).await?)
     }
 
     /// Sends one request and returns its answer, over the shared session.

@@ -53,12 +53,10 @@ impl ErrorClass {
         }
     }
 
-    /// The class of a worker SDK error.
+    /// The class of a worker SDK error: the crate's error, so as
+    /// [`ErrorClass::of`].
     pub fn of_worker(e: &WorkerError) -> Self {
-        match e {
-            WorkerError::Client(e) => Self::of(e),
-            _ => Self::Other,
-        }
+        Self::of(e)
     }
 
     /// The class's name in both SDKs (`NotFound`, `StorageError`, ...),
