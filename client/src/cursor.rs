@@ -18,16 +18,17 @@ pub fn read(path: &Path) -> Result<Option<u64>> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(cursor_error(path, format!("cannot read it: {e}"))),
+        Err(e) => return Err(cursor_error(path, format!("cannot read it: {e}"), e)),
     };
     let trimmed = text.trim();
     if trimmed.is_empty() {
         return Ok(None);
     }
-    trimmed.parse::<u64>().map(Some).map_err(|_| {
+    trimmed.parse::<u64>().map(Some).map_err(|e| {
         cursor_error(
             path,
             format!("expected the seq of the last printed frame, found {trimmed:?}"),
+            e,
         )
     })
 }
@@ -40,7 +41,7 @@ pub fn write(path: &Path, seq: u64) -> Result<()> {
     outcome.map_err(|e| {
         // Best effort: a leftover temporary file is harmless but untidy.
         let _ = std::fs::remove_file(&temp);
-        cursor_error(path, format!("cannot update it: {e}"))
+        cursor_error(path, format!("cannot update it: {e}"), e)
     })
 }
 
@@ -53,10 +54,15 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
 }
 
-fn cursor_error(path: &Path, detail: String) -> Error {
+fn cursor_error(
+    path: &Path,
+    detail: String,
+    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> Error {
     Error::Cursor {
         path: path.to_owned(),
         detail,
+        source: source.into(),
     }
 }
 

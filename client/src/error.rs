@@ -21,12 +21,16 @@ pub const EXIT_UNREACHABLE: u8 = 4;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No session could be opened within the retry window. `last_error`
-    /// is the last failure seen (usually the OS error of `connect`).
+    /// is the last failure seen, in the words worth repeating (usually the
+    /// OS error of `connect`); `source` is that failure itself, when there
+    /// was one (ssh's own words have none).
     #[error("cannot reach tetherd at {endpoint} (gave up after {}): {last_error}", humanize(*.waited))]
     Unreachable {
         endpoint: String,
         waited: Duration,
         last_error: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
 
     /// The daemon could be reached, but a failure that retrying may cure
@@ -61,7 +65,12 @@ pub enum Error {
     /// Connecting failed for a reason that retrying will not cure
     /// (permission denied).
     #[error("cannot connect to {endpoint}: {reason}")]
-    CannotConnect { endpoint: String, reason: String },
+    CannotConnect {
+        endpoint: String,
+        reason: String,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
 
     /// A socket operation failed; the session is lost.
     #[error("connection to {endpoint} failed: {source}")]
@@ -107,7 +116,12 @@ pub enum Error {
 
     /// A cursor file could not be read, parsed or written.
     #[error("cursor file {}: {detail}", path.display())]
-    Cursor { path: PathBuf, detail: String },
+    Cursor {
+        path: PathBuf,
+        detail: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 
     /// Local I/O (stdin, stdout, files) failed.
     #[error("{context}: {source}")]
@@ -262,6 +276,7 @@ mod tests {
             endpoint: "/x.sock".into(),
             waited: Duration::from_millis(200),
             last_error: "no such file".into(),
+            source: None,
         };
         assert_eq!(unreachable.exit_code(), 4);
         let missing = Error::Daemon {
@@ -283,12 +298,15 @@ mod tests {
             endpoint: "/run/t.sock".into(),
             waited: Duration::from_millis(200),
             last_error: "No such file or directory (os error 2)".into(),
+            source: Some(std::io::Error::from_raw_os_error(2).into()),
         };
         assert_eq!(
             e.to_string(),
             "cannot reach tetherd at /run/t.sock (gave up after 200ms): \
              No such file or directory (os error 2)"
         );
+        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(source.and_then(std::io::Error::raw_os_error), Some(2));
     }
 
     #[test]

@@ -384,6 +384,7 @@ impl SshExit {
                 endpoint: endpoint.to_owned(),
                 waited: started.elapsed(),
                 last_error: text,
+                source: None,
             }
         } else {
             Error::Io {

@@ -56,7 +56,7 @@ async fn connect(path: &Path, window: Duration) -> Result<UnixStream> {
             Ok(stream) => return Ok(stream),
             Err(e) if !e.is_transient() => return Err(e),
             Err(e) if started.elapsed() >= window => {
-                let last_error = match e {
+                let last_error = match &e {
                     Error::Io { source, .. } => source.to_string(),
                     other => other.to_string(),
                 };
@@ -64,6 +64,7 @@ async fn connect(path: &Path, window: Duration) -> Result<UnixStream> {
                     endpoint: path.display().to_string(),
                     waited: window,
                     last_error,
+                    source: Some(Box::new(e)),
                 });
             }
             Err(e) => {

@@ -104,6 +104,7 @@ impl Endpoint {
                         endpoint: self.to_string(),
                         waited: Duration::ZERO,
                         last_error: e.to_string(),
+                        source: Some(e.into()),
                     })?;
                 Ok(Transport {
                     read: Box::new(read),
@@ -197,10 +198,12 @@ fn connect_failed(shown: &str, source: impl Into<Arc<std::io::Error>>) -> Error 
                 "permission denied: the socket or its directory does not let {} in",
                 User::named(paths::current_uid())
             ),
+            source,
         },
         _ => Error::CannotConnect {
             endpoint: shown.to_owned(),
             reason: source.to_string(),
+            source,
         },
     }
 }

@@ -286,6 +286,7 @@ impl Link {
                 endpoint: self.connector.endpoint.to_string(),
                 waited,
                 last_error: cause_text(&cause),
+                source: Some(Box::new(cause)),
             }
         } else {
             // The daemon was reached but kept refusing: say that this is
