@@ -48,7 +48,7 @@ impl Writer {
     pub(super) fn commit_durably(&mut self) {
         match self.store.commit_durably() {
             Ok(()) => self.syncer.after(Durable::Committed, Box::new(|_| {})),
-            Err(e) => self.after_failure("persisting the store", &e),
+            Err(e) => self.after_failure("committing the store durably", &e),
         }
     }
 }

@@ -146,7 +146,7 @@ impl Writer {
         }
         if self.store.not_durable_since().is_some() {
             if let Err(e) = self.store.commit_durably() {
-                tracing::warn!("persisting the store on close failed: {e}");
+                tracing::warn!("committing the store durably on close failed: {e}");
             }
         }
         // Publishes and answers what the log still had to sync.

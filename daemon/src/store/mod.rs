@@ -285,7 +285,7 @@ impl Store {
         let capacity = match wrapping {
             Some(kept) if kept != log_capacity => {
                 tracing::warn!(
-                    "the log goes round {kept} bytes; the setting of {log_capacity} applies \
+                    "the log wraps around in {kept} bytes; the setting of {log_capacity} applies \
                      to a new store"
                 );
                 kept
