@@ -126,7 +126,7 @@ const MIN_GROWTH: usize = 32 * 1024;
 
 /// Makes room in `src`, which holds the start of a frame of `total` bytes
 /// (prefix included) and nothing after it, once it has no room left: as
-/// much again as has arrived (at least [`MIN_GROWTH`]), never past the
+/// much again as has arrived (at least `MIN_GROWTH`), never past the
 /// frame's end. So memory follows what the peer has sent, not what it
 /// declared, while a large frame is copied only a few times as it grows
 /// (each byte about once on average). A small frame gets room for all of
