@@ -116,3 +116,27 @@ def test_run_ps_and_stop_a_worker(daemon, tmp_path):
         c.stop("no-such-execution")
     with pytest.raises(ValueError, match="restart must be"):
         c.run(["true"], restart="sometimes")
+
+
+def test_a_durable_consumer_reads_exactly_once_across_a_daemon_kill(daemon):
+    c = daemon.client()
+    c.publish("s", ["1", "2", "3"], producer="p")
+    seen = []
+    t = c.tail("s", follow=True, consumer="reader")
+    for _ in range(3):
+        seen.append(next(t).text)
+    daemon.kill9()
+    daemon.start()
+    daemon.client().publish("s", ["4", "5"], producer="q")
+    for _ in range(2):
+        seen.append(next(t).text)
+    t.close()
+    assert seen == ["1", "2", "3", "4", "5"]
+    assert daemon.client().streams()[0]["consumers"] == [{"name": "reader", "acked_through": 5}]
+
+    # The consumer carries on after its ack, across another crash.
+    daemon.kill9()
+    daemon.start()
+    c = daemon.client()
+    c.publish("s", ["6"], producer="q2")
+    assert [f.text for f in c.tail("s", consumer="reader")] == ["6"]
