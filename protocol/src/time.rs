@@ -18,6 +18,12 @@ pub fn now_micros() -> u64 {
         .unwrap_or(0)
 }
 
+/// A duration in whole milliseconds, as the wire's `*_ms` fields carry
+/// it; saturating.
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// How long ago `micros` was, as `5s`, `3m`, `2h` or `4d` (rounded down).
 /// A time in the future (clocks disagree) counts as `0s`.
 pub fn age(now_micros: u64, micros: u64) -> String {

@@ -28,7 +28,7 @@ pub struct StopArgs {
 pub async fn run(ctx: &Context, args: StopArgs) -> Result<()> {
     let request = Request::Stop {
         execution: args.id,
-        timeout_ms: millis(args.timeout),
+        timeout_ms: tether::time::millis(args.timeout),
     };
     // Stop is idempotent (stopping an ended execution answers at once), so
     // a session lost while waiting is simply retried.
@@ -46,9 +46,4 @@ pub async fn run(ctx: &Context, args: StopArgs) -> Result<()> {
     };
     write_stdout(text.as_bytes())?;
     Ok(())
-}
-
-/// A duration in whole milliseconds, saturating.
-pub fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

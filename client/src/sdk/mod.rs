@@ -200,7 +200,7 @@ impl Client {
     pub async fn stop(&self, execution: &str, timeout: Duration) -> Result<Value> {
         let request = Request::Stop {
             execution: execution.to_owned(),
-            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            timeout_ms: crate::time::millis(timeout),
         };
         // Stop is idempotent, so a session lost while waiting is retried.
         match self.connector.request(&request).await? {

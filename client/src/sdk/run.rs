@@ -68,9 +68,7 @@ impl RunOptions {
             env: self.env,
             restart: self.restart,
             max_restarts: self.max_restarts,
-            deadline_ms: self
-                .deadline
-                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            deadline_ms: self.deadline.map(crate::time::millis),
         })
     }
 }
