@@ -21,9 +21,6 @@
 //! `--execution` defaults to `$TETHER_EXECUTION_ID`, which tether sets for
 //! every worker; with neither, `save` and `load` are usage errors (exit 2).
 
-use std::io::Read;
-
-use bytes::Bytes;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use tether::conn::{Connector, Link};
@@ -40,7 +37,7 @@ use tether_protocol::{
 };
 
 use super::output::base64;
-use super::{table, write_stdout, Context};
+use super::{read_stdin, table, write_stdout, Context};
 use tether::conn::unexpected;
 
 /// Arguments of `tether checkpoint`.
@@ -109,7 +106,7 @@ pub async fn run(ctx: &Context, args: CheckpointArgs) -> Result<u8> {
             let save = CheckpointSaveFull {
                 execution: execution(args.execution, env)?,
                 schema_version: args.schema_version,
-                data: read_stdin()?,
+                data: read_stdin("the checkpoint")?,
                 user_meta: args.meta,
                 force: args.force,
             };
@@ -219,21 +216,6 @@ async fn list(ctx: &Context, execution: &str) -> Result<()> {
     };
     write_stdout(text.as_bytes())?;
     Ok(())
-}
-
-/// All of stdin. The daemon enforces the checkpoint size limit and names
-/// both sizes when it refuses, so no limit is applied here beyond the
-/// frame size the request must fit in.
-fn read_stdin() -> Result<Bytes> {
-    let mut data = Vec::new();
-    std::io::stdin()
-        .lock()
-        .read_to_end(&mut data)
-        .map_err(|source| Error::Local {
-            context: "cannot read the checkpoint from stdin".into(),
-            source,
-        })?;
-    Ok(Bytes::from(data))
 }
 
 /// The table, header first.

@@ -261,6 +261,20 @@ fn name(what: &'static str, s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// All of stdin, as `what` (named in the error). The daemon enforces its
+/// size limits and names both sizes when it refuses, so none is applied
+/// here beyond the frame size the request must fit in.
+pub fn read_stdin(what: &str) -> Result<bytes::Bytes> {
+    let mut data = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut data).map_err(|source| {
+        Error::Local {
+            context: format!("cannot read {what} from stdin"),
+            source,
+        }
+    })?;
+    Ok(bytes::Bytes::from(data))
+}
+
 /// Writes `bytes` to stdout in one go. A closed stdout (the reader of a
 /// pipe went away) is reported as `Ok(false)`: not an error, but nothing
 /// more should be printed.

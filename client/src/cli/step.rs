@@ -16,7 +16,6 @@
 //!
 //! `--execution` defaults to `$TETHER_EXECUTION_ID`.
 
-use std::io::Read;
 use std::process::Stdio;
 
 use bytes::Bytes;
@@ -30,7 +29,7 @@ use tether_protocol::{Request, Response, StepInfo};
 use tokio::io::AsyncReadExt;
 
 use super::checkpoint::execution;
-use super::{table, write_stdout, Context};
+use super::{read_stdin, table, write_stdout, Context};
 use tether::conn::unexpected;
 
 /// The exit code of `step run` when tether itself fails (as `docker run`
@@ -139,7 +138,13 @@ pub async fn run(ctx: &Context, args: StepArgs) -> Result<u8> {
         }
         StepCommand::Put(args) => {
             let execution = execution(args.execution, env)?;
-            let kept = put(ctx, &execution, &args.name, read_stdin()?).await?;
+            let kept = put(
+                ctx,
+                &execution,
+                &args.name,
+                read_stdin("the step's result")?,
+            )
+            .await?;
             write_stdout(&kept)?;
             Ok(EXIT_OK)
         }
@@ -244,18 +249,6 @@ async fn list(ctx: &Context, execution: &str) -> Result<()> {
     };
     write_stdout(text.as_bytes())?;
     Ok(())
-}
-
-fn read_stdin() -> Result<Bytes> {
-    let mut data = Vec::new();
-    std::io::stdin()
-        .lock()
-        .read_to_end(&mut data)
-        .map_err(|source| Error::Local {
-            context: "cannot read the step's result from stdin".into(),
-            source,
-        })?;
-    Ok(Bytes::from(data))
 }
 
 /// When a step was recorded; `None` for a store that kept no time.
