@@ -266,7 +266,35 @@ struct TailState {
     unmarked: Option<u64>,
 }
 
+/// What one bounded wait for more frames found.
+enum Fetched {
+    /// Items were added to `ready`.
+    Some,
+    /// Nothing came within the wait.
+    Waited,
+    /// The tail has ended.
+    End,
+}
+
 impl TailState {
+    /// Waits at most `wait` (with the GIL released) for up to `max` more
+    /// items and adds them to `ready`.
+    fn fetch(&mut self, py: Python<'_>, max: usize, wait: Duration) -> PyResult<Fetched> {
+        let tail = &mut self.tail;
+        let fetched = block_on(py, move || async move {
+            tokio::time::timeout(wait, tail.next_batch(max)).await
+        })?;
+        match fetched {
+            Err(_waited) => Ok(Fetched::Waited),
+            Ok(Ok(Some(batch))) => {
+                self.ready.extend(batch);
+                Ok(Fetched::Some)
+            }
+            Ok(Ok(None)) => Ok(Fetched::End),
+            Ok(Err(e)) => Err(to_py(e)),
+        }
+    }
+
     /// Marks the frame last yielded as processed (cursor file, ack).
     fn mark(&mut self) -> tether::Result<()> {
         match self.unmarked.take() {
@@ -295,18 +323,11 @@ impl Tail {
                     return Ok(Some(self.frame(py, seq, &frame)));
                 }
                 Some(TailItem::Gap(message)) => warn_gap(py, &message)?,
-                None => {
-                    let tail = &mut state.tail;
-                    let fetched = block_on(py, move || async move {
-                        tokio::time::timeout(SIGNAL_CHECK, tail.next_batch(BATCH)).await
-                    })?;
-                    match fetched {
-                        Err(_waiting) => py.check_signals()?,
-                        Ok(Ok(Some(batch))) => state.ready.extend(batch),
-                        Ok(Ok(None)) => return Ok(None),
-                        Ok(Err(e)) => return Err(to_py(e)),
-                    }
-                }
+                None => match state.fetch(py, BATCH, SIGNAL_CHECK)? {
+                    Fetched::Some => {}
+                    Fetched::Waited => py.check_signals()?,
+                    Fetched::End => return Ok(None),
+                },
             }
         }
     }
@@ -319,15 +340,10 @@ impl Tail {
         let wait = seconds(wait, "wait")?;
         let mut state = self.lock()?;
         if state.ready.is_empty() {
-            let tail = &mut state.tail;
-            let fetched = block_on(py, move || async move {
-                tokio::time::timeout(wait, tail.next_batch(max)).await
-            })?;
-            match fetched {
-                Err(_waited) => return Ok(Some(Vec::new())),
-                Ok(Ok(Some(batch))) => state.ready.extend(batch),
-                Ok(Ok(None)) => return Ok(None),
-                Ok(Err(e)) => return Err(to_py(e)),
+            match state.fetch(py, max, wait)? {
+                Fetched::Some => {}
+                Fetched::Waited => return Ok(Some(Vec::new())),
+                Fetched::End => return Ok(None),
             }
         }
         let mut frames = Vec::new();
