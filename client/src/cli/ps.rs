@@ -15,7 +15,7 @@
 use clap::Args;
 use tether::time::{age, now_micros};
 use tether::{Error, Result};
-use tether_protocol::{ErrorCode, ExecutionInfo, Request, Response};
+use tether_protocol::{ErrorCode, ExecutionInfo};
 
 use super::{table, write_stdout, Context};
 
@@ -34,8 +34,7 @@ pub struct PsArgs {
 /// Runs `tether ps`.
 pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
     let all = args.all || !args.ids.is_empty();
-    let mut executions = list(ctx, all).await?;
-    executions.sort_by(|a, b| (a.created_micros, &a.id).cmp(&(b.created_micros, &b.id)));
+    let mut executions = tether::sdk::executions(&ctx.connector("ps"), all).await?;
     let missing: Vec<&String> = args
         .ids
         .iter()
@@ -59,21 +58,6 @@ pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
     match missing.as_slice() {
         [] => Ok(()),
         ids => Err(no_such_execution(ids)),
-    }
-}
-
-/// Every execution the daemon lists (`all`: ended ones too).
-pub async fn list(ctx: &Context, all: bool) -> Result<Vec<ExecutionInfo>> {
-    let response = ctx
-        .connector("ps")
-        .request(&Request::ListExecutions { all })
-        .await?;
-    match response {
-        Response::Executions(executions) => Ok(executions),
-        other => Err(Error::Protocol(format!(
-            "the daemon answered ListExecutions with {}",
-            other.name()
-        ))),
     }
 }
 

@@ -9,25 +9,14 @@
 use std::time::Duration;
 
 use tether::time::Rfc3339;
-use tether::{Error, Result};
-use tether_protocol::{Request, Response, StatusInfo, StorageState};
+use tether::Result;
+use tether_protocol::{StatusInfo, StorageState};
 
 use super::{write_stdout, Context};
 
 /// Runs `tether status`.
 pub async fn run(ctx: &Context) -> Result<()> {
-    let response = ctx.connector("status").request(&Request::Status).await?;
-    let Response::Status(status) = response else {
-        return Err(Error::Protocol(
-            "the daemon did not answer Status with its status".into(),
-        ));
-    };
-    // A message of its own, which a daemon that predates it refuses: the
-    // status is then shown without it.
-    let storage = match ctx.connector("status").request(&Request::Storage).await {
-        Ok(Response::Storage(state)) => Some(state),
-        _ => None,
-    };
+    let (status, storage) = tether::sdk::status(&ctx.connector("status")).await?;
     let text = if ctx.json {
         tether::json::status(&status, storage.as_ref())?.to_string() + "\n"
     } else {

@@ -3,22 +3,14 @@
 //! `name`, `first_seq`, `last_seq`, `frames`, `bytes` and `consumers` (a
 //! list of `{"name","acked_through"}`).
 
-use tether::{Error, Result};
-use tether_protocol::{Request, Response, StreamInfo};
+use tether::Result;
+use tether_protocol::StreamInfo;
 
 use super::{write_stdout, Context};
 
 /// Runs `tether streams`.
 pub async fn run(ctx: &Context) -> Result<()> {
-    let response = ctx
-        .connector("streams")
-        .request(&Request::ListStreams)
-        .await?;
-    let Response::Streams(streams) = response else {
-        return Err(Error::Protocol(
-            "the daemon did not answer ListStreams with a stream list".into(),
-        ));
-    };
+    let streams = tether::sdk::streams(&ctx.connector("streams")).await?;
     let text = if ctx.json {
         json_lines(&streams)?
     } else {

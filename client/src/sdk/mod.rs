@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
-use tether_protocol::{Request, Response};
+use tether_protocol::{ExecutionInfo, Request, Response, StatusInfo, StorageState, StreamInfo};
 use tokio::sync::Mutex;
 
 use crate::conn::{unexpected, ConnectOptions, Connector, Endpoint};
@@ -148,24 +148,17 @@ impl Client {
 
     /// The daemon's status, as `tether status --json` prints it.
     pub async fn status(&self) -> Result<Value> {
-        let status = match self.connector.request(&Request::Status).await? {
-            Response::Status(status) => status,
-            other => return Err(unexpected("Status", &other)),
-        };
-        // A daemon that predates the storage report refuses it.
-        let storage = match self.connector.request(&Request::Storage).await {
-            Ok(Response::Storage(storage)) => Some(storage),
-            _ => None,
-        };
+        let (status, storage) = status(&self.connector).await?;
         json::status(&status, storage.as_ref())
     }
 
     /// Every stream, as `tether streams --json` prints them.
     pub async fn streams(&self) -> Result<Value> {
-        match self.connector.request(&Request::ListStreams).await? {
-            Response::Streams(streams) => streams.iter().map(json::stream).collect(),
-            other => Err(unexpected("Streams", &other)),
-        }
+        streams(&self.connector)
+            .await?
+            .iter()
+            .map(json::stream)
+            .collect()
     }
 
     /// Starts a supervised worker and returns its execution id (also its
@@ -183,16 +176,11 @@ impl Client {
     /// The executions that have not ended (`all`: every one), oldest
     /// first, as `tether ps --json` prints them.
     pub async fn ps(&self, all: bool) -> Result<Value> {
-        let mut executions = match self
-            .connector
-            .request(&Request::ListExecutions { all })
+        executions(&self.connector, all)
             .await?
-        {
-            Response::Executions(executions) => executions,
-            other => return Err(unexpected("Executions", &other)),
-        };
-        executions.sort_by(|a, b| (a.created_micros, &a.id).cmp(&(b.created_micros, &b.id)));
-        executions.iter().map(json::execution).collect()
+            .iter()
+            .map(json::execution)
+            .collect()
     }
 
     /// Stops an execution as `tether stop` does (SIGTERM, SIGKILL after
@@ -208,4 +196,36 @@ impl Client {
             other => Err(unexpected("Stopped", &other)),
         }
     }
+}
+
+/// The daemon's status and its storage report (`None` from a daemon that
+/// predates the report and refuses it).
+pub async fn status(connector: &Connector) -> Result<(StatusInfo, Option<StorageState>)> {
+    let status = match connector.request(&Request::Status).await? {
+        Response::Status(status) => status,
+        other => return Err(unexpected("Status", &other)),
+    };
+    let storage = match connector.request(&Request::Storage).await {
+        Ok(Response::Storage(storage)) => Some(storage),
+        _ => None,
+    };
+    Ok((status, storage))
+}
+
+/// Every stream the daemon keeps.
+pub async fn streams(connector: &Connector) -> Result<Vec<StreamInfo>> {
+    match connector.request(&Request::ListStreams).await? {
+        Response::Streams(streams) => Ok(streams),
+        other => Err(unexpected("Streams", &other)),
+    }
+}
+
+/// The executions that have not ended (`all`: every one), oldest first.
+pub async fn executions(connector: &Connector, all: bool) -> Result<Vec<ExecutionInfo>> {
+    let mut executions = match connector.request(&Request::ListExecutions { all }).await? {
+        Response::Executions(executions) => executions,
+        other => return Err(unexpected("Executions", &other)),
+    };
+    executions.sort_by(|a, b| (a.created_micros, &a.id).cmp(&(b.created_micros, &b.id)));
+    Ok(executions)
 }
