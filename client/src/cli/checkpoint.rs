@@ -206,11 +206,9 @@ async fn list(ctx: &Context, execution: &str) -> Result<()> {
         other => return Err(unexpected("CheckpointsFull", &other)),
     };
     let text = if ctx.json {
-        let mut text = String::new();
-        for entry in &list {
-            text.push_str(&list_json_line(entry)?);
-        }
-        text
+        list.iter()
+            .map(list_json_line)
+            .collect::<Result<String>>()?
     } else {
         render(&list)
     };

@@ -44,11 +44,10 @@ pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
         executions.retain(|e| args.ids.contains(&e.id));
     }
     let text = if ctx.json {
-        let mut text = String::new();
-        for info in &executions {
-            text.push_str(&json_line(info)?);
-        }
-        text
+        executions
+            .iter()
+            .map(json_line)
+            .collect::<Result<String>>()?
     } else if executions.is_empty() && !args.ids.is_empty() {
         String::new()
     } else {

@@ -239,11 +239,7 @@ async fn list(ctx: &Context, execution: &str) -> Result<()> {
         other => return Err(unexpected("Steps", &other)),
     };
     let text = if ctx.json {
-        let mut text = String::new();
-        for step in &steps {
-            text.push_str(&json_line(step)?);
-        }
-        text
+        steps.iter().map(json_line).collect::<Result<String>>()?
     } else {
         render(&steps)
     };

@@ -21,12 +21,10 @@ pub async fn run(ctx: &Context) -> Result<()> {
 }
 
 fn json_lines(streams: &[StreamInfo]) -> Result<String> {
-    let mut text = String::new();
-    for stream in streams {
-        text.push_str(&tether::json::stream(stream)?.to_string());
-        text.push('\n');
-    }
-    Ok(text)
+    streams
+        .iter()
+        .map(|stream| Ok(tether::json::stream(stream)?.to_string() + "\n"))
+        .collect()
 }
 
 /// A left-aligned table; consumers as `name=ack`, comma-separated, or `-`.
