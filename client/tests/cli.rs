@@ -250,6 +250,21 @@ mod with_a_fake_daemon {
                     execution: ID.into(),
                 }]
             }
+            // The caller's environment goes with a local run.
+            Request::RunFull(run) if run.whole_env => {
+                s.runs.push(run.spec);
+                vec![Response::Started {
+                    execution: ID.into(),
+                }]
+            }
+            // Refused as a daemon older than it would: `ps` then asks for
+            // the executions alone.
+            Request::ListExecutionsFull { .. } => vec![Response::Error(ErrorFrame {
+                code: ErrorCode::MALFORMED,
+                message: "unknown request type 26: this build knows types 0 to 24; \
+                          the peer is newer than this build"
+                    .into(),
+            })],
             Request::ListExecutions { .. } => {
                 let i = s.polls.min(s.states.len() - 1);
                 s.polls += 1;
@@ -315,7 +330,9 @@ mod with_a_fake_daemon {
         assert_eq!(spec.command, vec!["sh", "-c", "x"]);
         let cwd = std::env::current_dir().unwrap().join("rel");
         assert_eq!(spec.cwd.as_deref(), cwd.to_str());
-        assert_eq!(spec.env, vec![("A".to_owned(), "1".to_owned())]);
+        // After the caller's own environment.
+        assert_eq!(spec.env.last(), Some(&("A".to_owned(), "1".to_owned())));
+        assert!(spec.env.iter().all(|(k, _)| !k.starts_with("TETHER_")));
         assert_eq!(spec.restart, RestartPolicy::OnFailure);
     }
 
@@ -374,6 +391,9 @@ mod with_a_fake_daemon {
         let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         assert_eq!(value["state"], "running");
         assert_eq!(value["stream_last_seq"], 5);
+        // An older daemon tells nothing of the environment or of use.
+        assert_eq!(value["env_keys"], serde_json::json!([]));
+        assert!(value["cpu_percent"].is_null(), "{value}");
         let output = fake.tether(&["ps", "nope-zzzzzz"]).await;
         assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
         assert!(text(&output.stderr).contains("nope-zzzzzz"));
