@@ -28,7 +28,9 @@ use tether::conn::Endpoint;
 use tether::error::EXIT_OK;
 use tether::sdk::RunOptions;
 use tether::{Error, Result};
-use tether_protocol::{Request, Response, RestartPolicy, RunSpecFull};
+use tether_protocol::{
+    Request, Response, RestartPolicy, RunSpec, RunSpecFull, MAX_RUN_BYTES, MAX_RUN_ITEMS,
+};
 
 use super::{attach, duration, run_env, write_stdout, Context};
 
@@ -206,11 +208,31 @@ fn run_of(
             *dir = if stripped.is_empty() { "/".into() } else { stripped.into() };
         }
     }
+    check_size(&spec)?;
     Ok(RunSpecFull {
         spec,
         whole_env,
         pty: args.pty,
     })
+}
+
+/// Refuses, before anything is sent, a run too large for the daemon to
+/// take: in practice a huge environment.
+fn check_size(spec: &RunSpec) -> Result<()> {
+    let items = spec.command.len() + spec.env.len();
+    let bytes: usize = spec.command.iter().map(String::len).sum::<usize>()
+        + spec.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        + spec.cwd.as_ref().map_or(0, String::len);
+    if items <= MAX_RUN_ITEMS && bytes <= MAX_RUN_BYTES {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "the run is too large to send: {} environment variables and {} arguments, \
+         {bytes} bytes (at most {MAX_RUN_ITEMS} of them and {MAX_RUN_BYTES} bytes); \
+         start from --clean-env with --env or --env-file, or unset some variables",
+        spec.env.len(),
+        spec.command.len()
+    )))
 }
 
 fn restart_policy(s: &str) -> RestartPolicy {
@@ -238,7 +260,6 @@ mod tests {
 
     use super::*;
     use clap::Parser;
-    use tether_protocol::RunSpec;
 
     #[derive(Debug, Parser)]
     struct Wrapper {
@@ -325,6 +346,27 @@ mod tests {
         let missing = parse(&["--env-file", "/nonexistent.env", "agent"]).unwrap();
         let err = run_of(missing, None, &|| Ok(PathBuf::from("/"))).unwrap_err();
         assert!(err.to_string().contains("/nonexistent.env"), "{err}");
+    }
+
+    #[test]
+    fn a_huge_environment_is_refused_before_it_is_sent() {
+        let big = "x".repeat(300);
+        let caller: Vec<(String, String)> = (0..5000)
+            .map(|i| (format!("V{i}"), big.clone()))
+            .collect();
+        let env: Vec<(OsString, OsString)> = caller
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect();
+        let err = run_of(parse(&["agent"]).unwrap(), Some(env.clone()), &|| {
+            Ok(PathBuf::from("/"))
+        })
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("5000 environment variables"), "{err}");
+        assert!(err.to_string().contains("--clean-env"), "{err}");
+        let clean = parse(&["--clean-env", "agent"]).unwrap();
+        run_of(clean, Some(env), &|| Ok(PathBuf::from("/"))).unwrap();
     }
 
     #[test]

@@ -22,9 +22,9 @@ const BASE32: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 pub const MAX_LABEL_LEN: usize = 255;
 /// Most arguments plus environment variables accepted in one spec, so that
 /// a spec always fits in one shim hand-over frame.
-const MAX_SPEC_ITEMS: usize = 4096;
+const MAX_SPEC_ITEMS: usize = tether_protocol::MAX_RUN_ITEMS;
 /// Most bytes of arguments, environment and cwd together.
-const MAX_SPEC_BYTES: usize = 1024 * 1024;
+const MAX_SPEC_BYTES: usize = tether_protocol::MAX_RUN_BYTES;
 
 /// A pending `tether stop`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
