@@ -205,7 +205,11 @@ fn run_of(
     // `.` resolved is the directory itself, without a trailing `/.`.
     if let Some(dir) = spec.cwd.as_mut() {
         if let Some(stripped) = dir.strip_suffix("/.") {
-            *dir = if stripped.is_empty() { "/".into() } else { stripped.into() };
+            *dir = if stripped.is_empty() {
+                "/".into()
+            } else {
+                stripped.into()
+            };
         }
     }
     check_size(&spec)?;
@@ -221,7 +225,11 @@ fn run_of(
 fn check_size(spec: &RunSpec) -> Result<()> {
     let items = spec.command.len() + spec.env.len();
     let bytes: usize = spec.command.iter().map(String::len).sum::<usize>()
-        + spec.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        + spec
+            .env
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
         + spec.cwd.as_ref().map_or(0, String::len);
     if items <= MAX_RUN_ITEMS && bytes <= MAX_RUN_BYTES {
         return Ok(());
@@ -341,7 +349,10 @@ mod tests {
         let file = dir.path().join("a.env");
         std::fs::write(&file, "# x\nA=file\nB=file\n").unwrap();
         let path = file.to_str().unwrap();
-        let run = local(&["--env", "B=flag", "--env-file", path, "agent"], &[("A", "0")]);
+        let run = local(
+            &["--env", "B=flag", "--env-file", path, "agent"],
+            &[("A", "0")],
+        );
         assert_eq!(run.spec.env, pairs(&[("A", "file"), ("B", "flag")]));
         let missing = parse(&["--env-file", "/nonexistent.env", "agent"]).unwrap();
         let err = run_of(missing, None, &|| Ok(PathBuf::from("/"))).unwrap_err();
@@ -351,9 +362,8 @@ mod tests {
     #[test]
     fn a_huge_environment_is_refused_before_it_is_sent() {
         let big = "x".repeat(300);
-        let caller: Vec<(String, String)> = (0..5000)
-            .map(|i| (format!("V{i}"), big.clone()))
-            .collect();
+        let caller: Vec<(String, String)> =
+            (0..5000).map(|i| (format!("V{i}"), big.clone())).collect();
         let env: Vec<(OsString, OsString)> = caller
             .iter()
             .map(|(k, v)| (OsString::from(k), OsString::from(v)))
@@ -363,7 +373,10 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(err.exit_code(), 2);
-        assert!(err.to_string().contains("5000 environment variables"), "{err}");
+        assert!(
+            err.to_string().contains("5000 environment variables"),
+            "{err}"
+        );
         assert!(err.to_string().contains("--clean-env"), "{err}");
         let clean = parse(&["--clean-env", "agent"]).unwrap();
         run_of(clean, Some(env), &|| Ok(PathBuf::from("/"))).unwrap();
@@ -434,8 +447,10 @@ mod tests {
             let err = parse(argv).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{argv:?}: {err}");
         }
-        let err = run_of(parse(&["--", ""]).unwrap(), None, &|| Ok(PathBuf::from("/")))
-            .unwrap_err();
+        let err = run_of(parse(&["--", ""]).unwrap(), None, &|| {
+            Ok(PathBuf::from("/"))
+        })
+        .unwrap_err();
         assert_eq!(err.exit_code(), 2);
     }
 }

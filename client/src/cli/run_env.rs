@@ -35,7 +35,9 @@ pub fn callers(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Vec<(Str
                 }
             }
             (Ok(key), Err(_)) => {
-                eprintln!("tether: leaving {key} out of the worker's environment: its value is not UTF-8");
+                eprintln!(
+                    "tether: leaving {key} out of the worker's environment: its value is not UTF-8"
+                );
             }
             (Err(key), _) => eprintln!(
                 "tether: leaving {} out of the worker's environment: its name is not UTF-8",
@@ -91,7 +93,10 @@ fn parse_file(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
 
 /// `base` with each of `overrides` set in turn: a variable already there
 /// keeps its place and takes the new value, a new one goes at the end.
-pub fn merge(mut base: Vec<(String, String)>, overrides: Vec<(String, String)>) -> Vec<(String, String)> {
+pub fn merge(
+    mut base: Vec<(String, String)>,
+    overrides: Vec<(String, String)>,
+) -> Vec<(String, String)> {
     for (key, value) in overrides {
         match base.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = value,

@@ -226,7 +226,10 @@ pub async fn streams(connector: &Connector) -> Result<Vec<StreamInfo>> {
 /// memory use. A daemon that predates them is asked for the executions
 /// alone; their details are then empty.
 pub async fn execution_details(connector: &Connector, all: bool) -> Result<Vec<ExecutionDetail>> {
-    let mut details = match connector.request(&Request::ListExecutionsFull { all }).await {
+    let mut details = match connector
+        .request(&Request::ListExecutionsFull { all })
+        .await
+    {
         Ok(Response::ExecutionsFull(details)) => details,
         Ok(other) => return Err(unexpected("ExecutionsFull", &other)),
         Err(e) if e.is_unknown_request() => {

@@ -37,11 +37,11 @@ pub struct Master {
 /// and the worker's end, raw, to hand to the worker as stdout and stderr.
 /// Must run inside a tokio runtime (tokio panics otherwise).
 pub fn open() -> io::Result<(Master, File)> {
-    let master = rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
-        .map_err(|e| context("cannot open a pseudo-terminal", e))?;
+    let master =
+        rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
+            .map_err(|e| context("cannot open a pseudo-terminal", e))?;
     rustix::pty::grantpt(&master).map_err(|e| context("cannot grant the pseudo-terminal", e))?;
-    rustix::pty::unlockpt(&master)
-        .map_err(|e| context("cannot unlock the pseudo-terminal", e))?;
+    rustix::pty::unlockpt(&master).map_err(|e| context("cannot unlock the pseudo-terminal", e))?;
     let name = rustix::pty::ptsname(&master, Vec::new())
         .map_err(|e| context("cannot name the pseudo-terminal", e))?;
     // NOCTTY: the worker's output goes to the terminal, but it does not
@@ -78,7 +78,9 @@ impl AsyncRead for Master {
     ) -> Poll<io::Result<()>> {
         match Pin::new(&mut self.reader).poll_read(cx, buf) {
             // Every terminal end is closed: the output has ended.
-            Poll::Ready(Err(e)) if e.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error()) => {
+            Poll::Ready(Err(e))
+                if e.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error()) =>
+            {
                 Poll::Ready(Ok(()))
             }
             other => other,

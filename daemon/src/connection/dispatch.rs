@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tether_protocol::{
     max_payload_len, validate_name, Appended, CheckpointSave, CheckpointSaveFull, DurableAck,
-    ErrorCode, Request, Response, RunSpecFull, ShimHello, StatusInfo, StorageFault, StorageState, WorkerExited,
-    FRAME_ENVELOPE, PROTOCOL_VERSION,
+    ErrorCode, Request, Response, RunSpecFull, ShimHello, StatusInfo, StorageFault, StorageState,
+    WorkerExited, FRAME_ENVELOPE, PROTOCOL_VERSION,
 };
 
 use super::{parts, Refusal, Session};

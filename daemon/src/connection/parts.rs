@@ -13,8 +13,7 @@ use serde::Serialize;
 use tether_protocol::codec::encoded_len;
 use tether_protocol::{
     Checkpoint, CheckpointEntry, CheckpointFull, CheckpointMeta, ExecutionDetail, ExecutionInfo,
-    Response, StepInfo,
-    StreamInfo,
+    Response, StepInfo, StreamInfo,
 };
 
 use crate::{Error, Result};

@@ -339,12 +339,7 @@ mod tests {
 
     #[test]
     fn a_first_layout_manifest_still_reads_with_the_default_setup() {
-        let mut m = Manifest::new(
-            "sh-abcdef".into(),
-            spec(&["sh"]).into(),
-            7,
-            "boot".into(),
-        );
+        let mut m = Manifest::new("sh-abcdef".into(), spec(&["sh"]).into(), 7, "boot".into());
         let v1 = postcard::to_stdvec(&Stored::V1(m.clone())).unwrap();
         assert_eq!(v1[0], 0, "layout version 1");
         m.setup = Setup::default();

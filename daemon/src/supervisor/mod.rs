@@ -281,9 +281,7 @@ impl Supervisor {
     /// right after.
     pub async fn run(&self, run: RunSpecFull) -> Result<String> {
         let inner = self.inner.clone();
-        self.inner
-            .detach(async move { inner.run(run).await })
-            .await
+        self.inner.detach(async move { inner.run(run).await }).await
     }
 
     /// The executions, oldest first; without `all`, only unfinished ones.

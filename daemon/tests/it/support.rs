@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use tether_protocol::{
-    Capabilities, ClientCodec, ExitStatus, Hello, Request, Response, ShimHello, ShimSpec, ShimSpecFull,
-    WorkerExited, PROTOCOL_VERSION,
+    Capabilities, ClientCodec, ExitStatus, Hello, Request, Response, ShimHello, ShimSpec,
+    ShimSpecFull, WorkerExited, PROTOCOL_VERSION,
 };
 use tetherd::supervisor::procfs::{self, Pidfd, ProcessId};
 use tokio::net::UnixStream;

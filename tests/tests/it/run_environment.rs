@@ -89,11 +89,7 @@ fn env_files_add_variables_and_bad_ones_are_refused_naming_the_line() {
     let sup = Supervised::start();
     let sb = sup.sb();
     let good = sb.file("good.env");
-    std::fs::write(
-        &good,
-        "# greetings\n\nGREETING=hello world\nWHO=file\n",
-    )
-    .unwrap();
+    std::fs::write(&good, "# greetings\n\nGREETING=hello world\nWHO=file\n").unwrap();
     let out = run_from(
         sb,
         sb.path(),
@@ -128,7 +124,12 @@ fn env_files_add_variables_and_bad_ones_are_refused_naming_the_line() {
 
     let missing = sb.file("missing.env");
     let missing_arg = missing.to_str().unwrap();
-    let out = run_from(sb, sb.path(), &[], &["--env-file", missing_arg, "--", "true"]);
+    let out = run_from(
+        sb,
+        sb.path(),
+        &[],
+        &["--env-file", missing_arg, "--", "true"],
+    );
     out.assert_code(1);
     assert!(out.stderr.contains(missing_arg), "{}", out.stderr);
     // Nothing was started by the refused runs.
@@ -286,7 +287,17 @@ fn ps_shows_the_environments_keys_never_its_values_and_the_workers_use() {
     let header: Vec<&str> = lines[0].split_whitespace().collect();
     assert_eq!(
         header,
-        ["ID", "NAME", "STATE", "PID", "CPU%", "RSS", "RESTARTS", "CHECKPOINT", "LAST-SEQ"]
+        [
+            "ID",
+            "NAME",
+            "STATE",
+            "PID",
+            "CPU%",
+            "RSS",
+            "RESTARTS",
+            "CHECKPOINT",
+            "LAST-SEQ"
+        ]
     );
     let row: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(row[0], id);

@@ -79,7 +79,15 @@ fn without_a_pty_a_c_stdio_program_holds_its_stdout_back() {
 #[test]
 fn a_worker_on_a_pty_inherits_only_its_three_descriptors() {
     let sup = Supervised::start();
-    let id = sup.run(&["--pty", "--restart", "never", "--", "sh", "-c", "ls -1 /proc/$$/fd"]);
+    let id = sup.run(&[
+        "--pty",
+        "--restart",
+        "never",
+        "--",
+        "sh",
+        "-c",
+        "ls -1 /proc/$$/fd",
+    ]);
     sup.wait_state(&id, "completed", TIMEOUT);
     assert_eq!(sup.stdout_lines(&id), ["0", "1", "2"]);
 }
