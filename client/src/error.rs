@@ -244,6 +244,18 @@ impl Error {
             _ => None,
         }
     }
+
+    /// True when the daemon refused a request as a message type it does not
+    /// know: it is older than this client, which may then ask the older way.
+    pub fn is_unknown_request(&self) -> bool {
+        match self {
+            Error::Daemon { code, message } => {
+                *code == ErrorCode::MALFORMED && message.contains("unknown request type")
+            }
+            Error::GaveUp { cause, .. } => cause.is_unknown_request(),
+            _ => false,
+        }
+    }
 }
 
 /// A duration as people write it: `200ms`, `30s`, `2m5s`.

@@ -5,7 +5,9 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use tether_protocol::{ExecutionInfo, ExitStatus, StatusInfo, StorageState, StreamInfo};
+use tether_protocol::{
+    ExecutionDetail, ExecutionInfo, ExitStatus, StatusInfo, StorageState, StreamInfo,
+};
 
 use crate::error::{Error, Result};
 use crate::time::Rfc3339;
@@ -39,6 +41,22 @@ pub fn execution(e: &ExecutionInfo) -> Result<Value> {
         }),
     };
     render(&view, "an execution")
+}
+
+/// An execution with its details, as `tether ps --json` prints it: the
+/// fields of [`execution`], then `env_keys` (names only, never values),
+/// `cwd` (null: the daemon's), `cpu_percent` (over the running worker's
+/// life, one decimal) and `rss_bytes` (null when no worker runs).
+pub fn execution_detail(d: &ExecutionDetail) -> Result<Value> {
+    let mut object = execution(&d.info)?;
+    if let Some(map) = object.as_object_mut() {
+        map.insert("env_keys".into(), d.env_keys.clone().into());
+        map.insert("cwd".into(), d.cwd.clone().into());
+        let cpu = d.cpu_per_mille.map(|per_mille| f64::from(per_mille) / 10.0);
+        map.insert("cpu_percent".into(), cpu.into());
+        map.insert("rss_bytes".into(), d.rss_bytes.into());
+    }
+    Ok(object)
 }
 
 /// The daemon's status as `tether status --json` prints it, with the

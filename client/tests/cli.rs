@@ -140,6 +140,8 @@ mod with_a_fake_daemon {
         states: Vec<ExecState>,
         polls: usize,
         runs: Vec<RunSpec>,
+        /// Refuse `RunFull` as a daemon older than it would.
+        old: bool,
         /// Subscribes refused (stream missing) before the stream exists.
         missing_for: usize,
         subscribes: usize,
@@ -188,6 +190,7 @@ mod with_a_fake_daemon {
                 states,
                 polls: 0,
                 runs: vec![],
+                old: false,
                 missing_for: 2,
                 subscribes: 0,
                 frames,
@@ -233,6 +236,17 @@ mod with_a_fake_daemon {
         }
     }
 
+    /// How a daemon that predates request type `kind` refuses it.
+    fn unknown(kind: u32) -> Response {
+        Response::Error(ErrorFrame {
+            code: ErrorCode::MALFORMED,
+            message: format!(
+                "unknown request type {kind}: this build knows types 0 to 24; \
+                 the peer is newer than this build"
+            ),
+        })
+    }
+
     fn not_found(what: &str) -> Vec<Response> {
         vec![Response::Error(ErrorFrame {
             code: ErrorCode::NOT_FOUND,
@@ -250,6 +264,17 @@ mod with_a_fake_daemon {
                     execution: ID.into(),
                 }]
             }
+            Request::RunFull(_) if s.old => vec![unknown(25)],
+            // The caller's environment goes with a local run.
+            Request::RunFull(run) if run.whole_env => {
+                s.runs.push(run.spec);
+                vec![Response::Started {
+                    execution: ID.into(),
+                }]
+            }
+            // Refused as a daemon older than it would: `ps` then asks for
+            // the executions alone.
+            Request::ListExecutionsFull { .. } => vec![unknown(26)],
             Request::ListExecutions { .. } => {
                 let i = s.polls.min(s.states.len() - 1);
                 s.polls += 1;
@@ -315,8 +340,29 @@ mod with_a_fake_daemon {
         assert_eq!(spec.command, vec!["sh", "-c", "x"]);
         let cwd = std::env::current_dir().unwrap().join("rel");
         assert_eq!(spec.cwd.as_deref(), cwd.to_str());
-        assert_eq!(spec.env, vec![("A".to_owned(), "1".to_owned())]);
+        // After the caller's own environment.
+        assert_eq!(spec.env.last(), Some(&("A".to_owned(), "1".to_owned())));
+        assert!(spec.env.iter().all(|(k, _)| !k.starts_with("TETHER_")));
         assert_eq!(spec.restart, RestartPolicy::OnFailure);
+    }
+
+    #[tokio::test]
+    async fn an_older_daemon_is_asked_with_run_unless_the_run_needs_more() {
+        let fake = Fake::start(vec![ExecState::Running], story());
+        fake.state.lock().unwrap().old = true;
+        let output = fake.tether(&["run", "--env", "A=1", "--", "sh"]).await;
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+        assert_eq!(text(&output.stdout), format!("{ID}\n"));
+        let sent = fake.state.lock().unwrap().runs[0].clone();
+        assert_eq!(sent.env.last(), Some(&("A".to_owned(), "1".to_owned())));
+        let output = fake.tether(&["run", "--pty", "--", "sh"]).await;
+        assert_eq!(output.status.code(), Some(2));
+        assert!(
+            text(&output.stderr).contains("--pty"),
+            "{}",
+            text(&output.stderr)
+        );
+        assert_eq!(fake.state.lock().unwrap().runs.len(), 1);
     }
 
     #[tokio::test]
@@ -374,6 +420,9 @@ mod with_a_fake_daemon {
         let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         assert_eq!(value["state"], "running");
         assert_eq!(value["stream_last_seq"], 5);
+        // An older daemon tells nothing of the environment or of use.
+        assert_eq!(value["env_keys"], serde_json::json!([]));
+        assert!(value["cpu_percent"].is_null(), "{value}");
         let output = fake.tether(&["ps", "nope-zzzzzz"]).await;
         assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
         assert!(text(&output.stderr).contains("nope-zzzzzz"));

@@ -261,6 +261,7 @@ fn may_be_read(name: &str) -> bool {
             | "Status"
             | "Storage"
             | "ListExecutions"
+            | "ListExecutionsFull"
             | "CheckpointList"
             | "CheckpointLoad"
             | "StepGet"
@@ -279,6 +280,7 @@ pub fn is_control(request: &Request) -> bool {
     matches!(
         request,
         Request::Run(_)
+            | Request::RunFull(_)
             | Request::Stop { .. }
             | Request::CheckpointSave(_)
             | Request::StepPut { .. }

@@ -51,3 +51,10 @@ pub fn max_payload_len(max_frame_len: usize) -> usize {
 
 /// Longest accepted stream, producer or consumer name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
+
+/// Most arguments plus environment variables a run may carry, so that its
+/// spec always fits in one message to the daemon and one to the shim.
+pub const MAX_RUN_ITEMS: usize = 4096;
+
+/// Most bytes of arguments, environment and directory a run may carry.
+pub const MAX_RUN_BYTES: usize = 1024 * 1024;

@@ -1,7 +1,7 @@
 //! Answers in several messages. The daemon never sends a message over its
 //! maximum size, so a list too long for one message goes as leading parts
 //! (`StreamsPart`, `ExecutionsPart`, `CheckpointsPart`, `StepsPart`,
-//! `CheckpointsFullPart`) followed by the
+//! `CheckpointsFullPart`, `ExecutionsFullPart`) followed by the
 //! usual final answer (`Streams`, ...) with the rest, and a checkpoint too
 //! large for one message as `CheckpointPart` pieces of its data followed by
 //! the `Checkpoint` (or `CheckpointFull`) with its metadata and the last
@@ -63,7 +63,8 @@ impl Joiner {
                 | ExecutionsPart(_)
                 | CheckpointsPart(_)
                 | StepsPart(_)
-                | CheckpointsFullPart(_)),
+                | CheckpointsFullPart(_)
+                | ExecutionsFullPart(_)),
             ) => {
                 self.gathered = Some(part);
                 return Ok(None);
@@ -99,6 +100,15 @@ impl Joiner {
                 all.extend(more);
                 self.gathered = Some(CheckpointsFullPart(all));
                 return Ok(None);
+            }
+            (Some(ExecutionsFullPart(mut all)), ExecutionsFullPart(more)) => {
+                all.extend(more);
+                self.gathered = Some(ExecutionsFullPart(all));
+                return Ok(None);
+            }
+            (Some(ExecutionsFullPart(mut all)), ExecutionsFull(rest)) => {
+                all.extend(rest);
+                ExecutionsFull(all)
             }
             (Some(StepsPart(mut all)), Steps(rest)) => {
                 all.extend(rest);

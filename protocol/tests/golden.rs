@@ -33,6 +33,7 @@ use tether_protocol::{
     CheckpointRef, ExecState, ExecutionInfo, ExitStatus, RestartPolicy, RunSpec, ShimHello,
     StorageFault, StorageState, WorkerExited,
 };
+use tether_protocol::{ExecutionDetail, RunSpecFull};
 use tokio_util::codec::{Decoder, Encoder};
 
 /// The wire format these fixtures freeze.
@@ -488,6 +489,94 @@ fn response_fixtures() -> Vec<(Response, &'static str)> {
     ]
 }
 
+/// The requests that run workers as typed: from the caller's directory
+/// and environment, on a pseudo-terminal, and `ps` with more.
+fn run_full_request_fixtures() -> Vec<(Request, &'static str)> {
+    vec![
+        (
+            Request::RunFull(RunSpecFull {
+                spec: RunSpec {
+                    name: Some("a".into()),
+                    command: vec!["sh".into(), "-c".into()],
+                    cwd: None,
+                    env: vec![("K".into(), "V".into())],
+                    restart: RestartPolicy::OnFailure,
+                    max_restarts: Some(3),
+                    deadline_ms: None,
+                },
+                whole_env: true,
+                pty: false,
+            }),
+            "00000017 19 01016102027368022d630001014b015601010300 01 00",
+        ),
+        (Request::ListExecutionsFull { all: true }, "00000002 1a 01"),
+    ]
+}
+
+/// See [`run_full_request_fixtures`].
+fn run_full_response_fixtures() -> Vec<(Response, &'static str)> {
+    vec![
+        (
+            Response::ExecutionsFull(vec![ExecutionDetail {
+                info: ExecutionInfo {
+                    id: "e1".into(),
+                    name: Some("n".into()),
+                    state: ExecState::Cancelled,
+                    pid: None,
+                    attempt: 1,
+                    restarts: 0,
+                    command: vec![],
+                    restart: RestartPolicy::Always,
+                    last_exit: Some(ExitStatus::SpawnFailed("x".into())),
+                    reason: Some("r".into()),
+                    created_micros: 0,
+                    stream_last_seq: 0,
+                    last_checkpoint: None,
+                },
+                env_keys: vec!["K".into()],
+                cwd: Some("/".into()),
+                cpu_per_mille: Some(125),
+                rss_bytes: Some(4096),
+            }]),
+            "00000023 21 01 02653101016e06000100000201020178010172000000 \
+             01014b 01012f 017d 018020",
+        ),
+        (Response::ExecutionsFullPart(vec![]), "00000002 22 00"),
+    ]
+}
+
+#[test]
+fn run_full_requests_encode_to_their_golden_bytes() {
+    check_fixtures(
+        run_full_request_fixtures(),
+        ClientCodec::new(),
+        ServerCodec::new(),
+    );
+}
+
+#[test]
+fn run_full_responses_encode_to_their_golden_bytes() {
+    check_fixtures(
+        run_full_response_fixtures(),
+        ServerCodec::new(),
+        ClientCodec::new(),
+    );
+}
+
+/// Every request fixture, the added families' included.
+fn all_request_fixtures() -> Vec<(Request, &'static str)> {
+    let mut all = request_fixtures();
+    all.extend(run_full_request_fixtures());
+    all
+}
+
+/// Every response fixture, the added families' included.
+fn all_response_fixtures() -> Vec<(Response, &'static str)> {
+    let mut all = response_fixtures();
+    all.extend(run_full_response_fixtures());
+    all
+}
+
 /// The variant's name. The match is exhaustive on purpose: a new variant
 /// does not compile until it is named here, and then the coverage test
 /// fails until it has a fixture.
@@ -518,10 +607,12 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::CheckpointSaveFull(_) => "CheckpointSaveFull",
         Request::CheckpointLoadFull { .. } => "CheckpointLoadFull",
         Request::CheckpointListFull { .. } => "CheckpointListFull",
+        Request::RunFull(_) => "RunFull",
+        Request::ListExecutionsFull { .. } => "ListExecutionsFull",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 25] = [
+const ALL_REQUEST_VARIANTS: [&str; 27] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -547,6 +638,8 @@ const ALL_REQUEST_VARIANTS: [&str; 25] = [
     "CheckpointSaveFull",
     "CheckpointLoadFull",
     "CheckpointListFull",
+    "RunFull",
+    "ListExecutionsFull",
 ];
 
 /// See [`request_variant`].
@@ -585,10 +678,12 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::CheckpointFull(_) => "CheckpointFull",
         Response::CheckpointsFull(_) => "CheckpointsFull",
         Response::CheckpointsFullPart(_) => "CheckpointsFullPart",
+        Response::ExecutionsFull(_) => "ExecutionsFull",
+        Response::ExecutionsFullPart(_) => "ExecutionsFullPart",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 33] = [
+const ALL_RESPONSE_VARIANTS: [&str; 35] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -622,6 +717,8 @@ const ALL_RESPONSE_VARIANTS: [&str; 33] = [
     "CheckpointFull",
     "CheckpointsFull",
     "CheckpointsFullPart",
+    "ExecutionsFull",
+    "ExecutionsFullPart",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {
@@ -685,7 +782,7 @@ fn responses_encode_to_their_golden_bytes() {
 
 #[test]
 fn every_request_variant_has_a_fixture() {
-    let covered: BTreeSet<_> = request_fixtures()
+    let covered: BTreeSet<_> = all_request_fixtures()
         .iter()
         .map(|(msg, _)| request_variant(msg))
         .collect();
@@ -694,7 +791,7 @@ fn every_request_variant_has_a_fixture() {
 
 #[test]
 fn every_response_variant_has_a_fixture() {
-    let covered: BTreeSet<_> = response_fixtures()
+    let covered: BTreeSet<_> = all_response_fixtures()
         .iter()
         .map(|(msg, _)| response_variant(msg))
         .collect();
@@ -724,7 +821,7 @@ fn variant_indexes_are_0_to_kinds<T: Message + Serialize>(fixtures: Vec<(T, &'st
 /// names: a reader judges a request by them before the rest arrives.
 #[test]
 fn request_kinds_and_their_names_match_the_wire() {
-    for (msg, _) in request_fixtures() {
+    for (msg, _) in all_request_fixtures() {
         let body = postcard::to_allocvec(&msg).unwrap();
         let kind = postcard::take_from_bytes::<u32>(&body).unwrap().0;
         assert_eq!(msg.kind(), kind, "{msg:?}");
@@ -735,8 +832,8 @@ fn request_kinds_and_their_names_match_the_wire() {
 
 #[test]
 fn message_kinds_match_the_variants() {
-    variant_indexes_are_0_to_kinds(request_fixtures());
-    variant_indexes_are_0_to_kinds(response_fixtures());
+    variant_indexes_are_0_to_kinds(all_request_fixtures());
+    variant_indexes_are_0_to_kinds(all_response_fixtures());
 }
 
 #[test]

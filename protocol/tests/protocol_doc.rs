@@ -476,6 +476,7 @@ fn the_type_tables_list_every_field_and_variant_in_wire_order() {
             "StorageFault" => fields::<StorageFault>(),
             "CheckpointEntry" => fields::<CheckpointEntry>(),
             "StepInfo" => fields::<StepInfo>(),
+            "ExecutionDetail" => fields::<tether_protocol::ExecutionDetail>(),
             other => {
                 failures.push(format!("type {other} is not known to this test"));
                 continue;

@@ -1,5 +1,5 @@
 //! `tether-shim EXECUTION ATTEMPT`: one per attempt of a supervised worker,
-//! started by tetherd with a `ShimSpec` on stdin. The arguments only name
+//! started by tetherd with a `ShimSpecFull` on stdin. The arguments only name
 //! the attempt for people reading `ps`. Everything else is in
 //! [`tether::shim`].
 

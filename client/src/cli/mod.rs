@@ -6,6 +6,7 @@
 //! * [`dial_stdio`]: the bridge that `--host ssh://` runs on the remote
 //!   machine.
 //! * [`attach`]: `run --attach`, following an execution until it ends.
+//! * [`run_env`]: the caller's environment as `run` passes it on.
 //! * [`lines`]: stdin split into line frames, in large reads.
 //! * [`cursor`]: the `--cursor-file` format and its atomic update.
 //! * [`output`]: how frames are printed (plain and `--json`).
@@ -21,6 +22,7 @@ pub mod output;
 pub mod ps;
 pub mod publish;
 pub mod run;
+pub mod run_env;
 pub mod status;
 pub mod step;
 pub mod stop;

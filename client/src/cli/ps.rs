@@ -1,28 +1,34 @@
 //! `tether ps [--all] [ID]...`: supervised executions, one row each.
 //!
 //! Columns: ID, NAME (`-` when none), STATE, PID (of the running worker,
-//! `-` otherwise), RESTARTS, CHECKPOINT (`-`, or the newest checkpoint's
-//! seq and age, `17 (3m ago)`) and LAST-SEQ (the stream's last seq).
-//! Without `--all` only executions that have not ended are listed. Naming
-//! ids lists just those, ended or not; an unknown id exits 3.
+//! `-` otherwise), CPU% (the running worker's CPU time over its life so
+//! far, as ps(1) shows it), RSS (its resident memory), RESTARTS,
+//! CHECKPOINT (`-`, or the newest checkpoint's seq and age, `17 (3m ago)`)
+//! and LAST-SEQ (the stream's last seq). Without `--all` only executions
+//! that have not ended are listed. Naming ids lists just those, ended or
+//! not; an unknown id exits 3.
 //!
 //! `--json`: one object per execution with the fields `id`, `name`,
 //! `state`, `pid`, `attempt`, `restarts`, `command`, `restart`,
 //! `last_exit` (`{"code":N}`, `{"signal":N}`, `{"spawn_failed":"why"}` or
-//! null), `reason`, `created` (RFC 3339), `stream_last_seq` and
-//! `last_checkpoint` (`{"seq","created"}` or null).
+//! null), `reason`, `created` (RFC 3339), `stream_last_seq`,
+//! `last_checkpoint` (`{"seq","created"}` or null), `env_keys` (the
+//! environment's names, never its values), `cwd`, `cpu_percent` and
+//! `rss_bytes` (null when no worker runs). A daemon too old to report the
+//! last four leaves them empty.
 
 use clap::Args;
 use tether::time::{age, now_micros};
 use tether::{Error, Result};
-use tether_protocol::{ErrorCode, ExecutionInfo};
+use tether_protocol::{ErrorCode, ExecutionDetail, ExecutionInfo};
 
 use super::{table, write_stdout, Context};
 
 /// Arguments of `tether ps`.
 #[derive(Debug, Args)]
 pub struct PsArgs {
-    /// Also list executions that have ended.
+    /// Also list executions that have ended. (CPU% is a running worker's
+    /// CPU time over its whole life so far, as ps(1) shows it.)
     #[arg(long)]
     all: bool,
 
@@ -34,19 +40,19 @@ pub struct PsArgs {
 /// Runs `tether ps`.
 pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
     let all = args.all || !args.ids.is_empty();
-    let mut executions = tether::sdk::executions(&ctx.connector("ps"), all).await?;
+    let mut executions = tether::sdk::execution_details(&ctx.connector("ps"), all).await?;
     let missing: Vec<&String> = args
         .ids
         .iter()
-        .filter(|id| !executions.iter().any(|e| &e.id == *id))
+        .filter(|id| !executions.iter().any(|e| &e.info.id == *id))
         .collect();
     if !args.ids.is_empty() {
-        executions.retain(|e| args.ids.contains(&e.id));
+        executions.retain(|e| args.ids.contains(&e.info.id));
     }
     let text = if ctx.json {
         executions
             .iter()
-            .map(json_line)
+            .map(detail_json_line)
             .collect::<Result<String>>()?
     } else if executions.is_empty() && !args.ids.is_empty() {
         String::new()
@@ -69,18 +75,21 @@ fn no_such_execution(ids: &[&String]) -> Error {
 }
 
 /// The table, header first.
-fn render(executions: &[ExecutionInfo], now: u64) -> String {
+fn render(executions: &[ExecutionDetail], now: u64) -> String {
     let header = [
         "ID",
         "NAME",
         "STATE",
         "PID",
+        "CPU%",
+        "RSS",
         "RESTARTS",
         "CHECKPOINT",
         "LAST-SEQ",
     ];
     let mut rows = vec![header.map(String::from).to_vec()];
-    for e in executions {
+    for detail in executions {
+        let e = &detail.info;
         let checkpoint = match e.last_checkpoint {
             Some(c) => format!("{} ({} ago)", c.seq, age(now, c.created_micros)),
             None => "-".to_owned(),
@@ -90,6 +99,11 @@ fn render(executions: &[ExecutionInfo], now: u64) -> String {
             e.name.clone().unwrap_or_else(|| "-".to_owned()),
             e.state.as_str().to_owned(),
             e.pid.map_or_else(|| "-".to_owned(), |pid| pid.to_string()),
+            detail.cpu_per_mille.map_or_else(
+                || "-".to_owned(),
+                |per_mille| format!("{}.{}", per_mille / 10, per_mille % 10),
+            ),
+            detail.rss_bytes.map_or_else(|| "-".to_owned(), memory),
             e.restarts.to_string(),
             checkpoint,
             e.stream_last_seq.to_string(),
@@ -98,9 +112,24 @@ fn render(executions: &[ExecutionInfo], now: u64) -> String {
     table::render(&rows)
 }
 
+/// Bytes as ps-style text: `812K`, `12.3M`, `1.5G`.
+fn memory(bytes: u64) -> String {
+    const K: u64 = 1024;
+    match bytes {
+        b if b < K * K => format!("{}K", b.div_ceil(K)),
+        b if b < K * K * K => format!("{:.1}M", b as f64 / (K * K) as f64),
+        b => format!("{:.1}G", b as f64 / (K * K * K) as f64),
+    }
+}
+
 /// One execution as a JSON line (with its newline).
 pub fn json_line(e: &ExecutionInfo) -> Result<String> {
     Ok(tether::json::execution(e)?.to_string() + "\n")
+}
+
+/// One execution with its details as a JSON line (with its newline).
+fn detail_json_line(e: &ExecutionDetail) -> Result<String> {
+    Ok(tether::json::execution_detail(e)?.to_string() + "\n")
 }
 
 #[cfg(test)]
@@ -130,6 +159,16 @@ pub(crate) mod tests {
         }
     }
 
+    fn detail(info: ExecutionInfo) -> ExecutionDetail {
+        ExecutionDetail {
+            info,
+            env_keys: Vec::new(),
+            cwd: None,
+            cpu_per_mille: None,
+            rss_bytes: None,
+        }
+    }
+
     fn sample() -> Vec<ExecutionInfo> {
         let running = ExecutionInfo {
             name: Some("agent".into()),
@@ -152,14 +191,45 @@ pub(crate) mod tests {
         vec![running, failed]
     }
 
+    fn sample_details() -> Vec<ExecutionDetail> {
+        let mut details: Vec<ExecutionDetail> = sample().into_iter().map(detail).collect();
+        details[0].env_keys = vec!["PATH".into(), "SECRET".into()];
+        details[0].cwd = Some("/srv/agent".into());
+        details[0].cpu_per_mille = Some(125);
+        details[0].rss_bytes = Some(12_900_000);
+        details
+    }
+
     #[test]
     fn the_table_has_the_documented_columns() {
         assert_eq!(
-            render(&sample(), 1_700_000_000 * S),
-            "ID            NAME   STATE    PID   RESTARTS  CHECKPOINT     LAST-SEQ\n\
-             agent-abcdef  agent  running  4242  2         1200 (2m ago)  1234\n\
-             sh-zzzzzz     -      failed   -     0         -              3\n"
+            render(&sample_details(), 1_700_000_000 * S),
+            "ID            NAME   STATE    PID   CPU%  RSS    RESTARTS  CHECKPOINT     LAST-SEQ\n\
+             agent-abcdef  agent  running  4242  12.5  12.3M  2         1200 (2m ago)  1234\n\
+             sh-zzzzzz     -      failed   -     -     -      0         -              3\n"
         );
+    }
+
+    #[test]
+    fn memory_is_shown_as_ps_does() {
+        assert_eq!(memory(1), "1K");
+        assert_eq!(memory(812 * 1024), "812K");
+        assert_eq!(memory(12_900_000), "12.3M");
+        assert_eq!(memory(3 << 30), "3.0G");
+    }
+
+    #[test]
+    fn json_details_name_the_environment_but_never_its_values() {
+        let line = detail_json_line(&sample_details()[0]).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["id"], "agent-abcdef");
+        assert_eq!(value["env_keys"], serde_json::json!(["PATH", "SECRET"]));
+        assert_eq!(value["cwd"], "/srv/agent");
+        assert_eq!(value["cpu_percent"], 12.5);
+        assert_eq!(value["rss_bytes"], 12_900_000);
+        let ended = detail_json_line(&sample_details()[1]).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&ended).unwrap();
+        assert!(value["cpu_percent"].is_null() && value["rss_bytes"].is_null());
     }
 
     #[test]

@@ -1,26 +1,38 @@
 //! `tether run [--name N] [--restart POLICY] [--max-restarts K]
-//! [--deadline DUR] [--cwd DIR] [--env K=V]... [--attach] -- CMD [ARG]...`:
-//! start a supervised worker and print its execution id (also the name of
-//! its output stream), or `{"id":"..."}` with `--json`.
+//! [--deadline DUR] [--cwd DIR] [--env K=V]... [--env-file F]...
+//! [--clean-env] [--pty] [--attach] -- CMD [ARG]...`: start a supervised
+//! worker and print its execution id (also the name of its output stream),
+//! or `{"id":"..."}` with `--json`.
 //!
-//! `--cwd` is made absolute here, against the client's working directory,
-//! because the daemon's is unrelated. Without it the worker runs in the
-//! daemon's. `--env` adds variables to the worker's environment; the first
-//! `=` separates name and value. With `--attach` the command then follows
-//! the execution until it ends (see [`super::attach`]) and exits 0 only if
-//! it completed.
+//! The worker runs as typed: in the caller's directory, with the caller's
+//! environment less the caller's own session variables ([`super::run_env`]),
+//! then `--env-file` lines and `--env` pairs on top (the first `=`
+//! separates name and value); `--clean-env` starts from nothing instead.
+//! That is sent as the worker's whole environment (`RunFull`). With
+//! `--host` nothing local is sent: the worker gets the remote daemon's
+//! directory and environment, plus what `--cwd`, `--env` and `--env-file`
+//! say. `--cwd` is made absolute here, against the caller's directory. A
+//! run that asks for nothing beyond the plain spec goes as `Run`, which
+//! any daemon takes, and a daemon too old for `RunFull` is asked with
+//! `Run` unless `--pty` or `--clean-env` needs the new request. With
+//! `--attach` the command then follows the execution until it ends (see
+//! [`super::attach`]) and exits 0 only if it completed.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Args;
+use tether::conn::Endpoint;
 use tether::error::EXIT_OK;
 use tether::sdk::RunOptions;
 use tether::{Error, Result};
-use tether_protocol::{Request, Response, RestartPolicy, RunSpec};
+use tether_protocol::{
+    Request, Response, RestartPolicy, RunSpec, RunSpecFull, MAX_RUN_BYTES, MAX_RUN_ITEMS,
+};
 
-use super::{attach, duration, write_stdout, Context};
+use super::{attach, duration, run_env, write_stdout, Context};
 
 /// Arguments of `tether run`.
 #[derive(Debug, Args)]
@@ -47,13 +59,32 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     deadline: Option<Duration>,
 
-    /// The worker's working directory [default: the daemon's].
+    /// The worker's working directory [default: the current one; with
+    /// --host, the remote daemon's].
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
 
-    /// Add a variable to the worker's environment (repeatable).
+    /// Set a variable in the worker's environment (repeatable; wins over
+    /// the caller's and --env-file's).
     #[arg(long = "env", value_name = "K=V", value_parser = env_pair)]
     env: Vec<(String, String)>,
+
+    /// Add the KEY=VALUE lines of file F to the worker's environment
+    /// (repeatable; blank lines and lines starting with # are skipped).
+    #[arg(long = "env-file", value_name = "F")]
+    env_files: Vec<PathBuf>,
+
+    /// Start the worker from an empty environment instead of the caller's
+    /// (with --host: instead of the remote daemon's); --env and --env-file
+    /// still apply, and the worker still gets its TETHER_* variables.
+    #[arg(long)]
+    clean_env: bool,
+
+    /// Give the worker a pseudo-terminal for stdout and stderr, so that
+    /// programs that buffer output to a pipe show each line as it is
+    /// written; both then arrive as stdout.
+    #[arg(long)]
+    pty: bool,
 
     /// Follow the worker's output until the execution ends; exit 0 only if
     /// it completed.
@@ -74,8 +105,13 @@ pub struct RunArgs {
 /// Runs `tether run`; returns the exit code.
 pub async fn run(ctx: &Context, args: RunArgs) -> Result<u8> {
     let attach = args.attach;
-    let spec = spec_of(args, &std::env::current_dir)?;
-    let id = submit(ctx, spec).await?;
+    // A remote daemon's worker gets nothing of this machine's.
+    let local_env = match ctx.endpoint {
+        Endpoint::Unix(_) => Some(std::env::vars_os().collect::<Vec<_>>()),
+        _ => None,
+    };
+    let run = run_of(args, local_env, &std::env::current_dir)?;
+    let id = submit(ctx, run).await?;
     let line = if ctx.json {
         serde_json::json!({ "id": id }).to_string() + "\n"
     } else {
@@ -87,14 +123,37 @@ pub async fn run(ctx: &Context, args: RunArgs) -> Result<u8> {
     attach::follow(ctx, &id).await
 }
 
-/// Sends `Run` once, on one session: it is not idempotent, so a session
-/// lost after sending is reported rather than retried.
-async fn submit(ctx: &Context, spec: RunSpec) -> Result<String> {
+/// Sends the run once, on one session: it is not idempotent, so a session
+/// lost after sending is reported rather than retried. A refusal of
+/// `RunFull` as unknown means nothing ran, so asking again with `Run` is
+/// safe.
+async fn submit(ctx: &Context, run: RunSpecFull) -> Result<String> {
+    if !run.whole_env && !run.pty {
+        return submit_once(ctx, Request::Run(run.spec)).await;
+    }
+    let (spec, needs_full) = (run.spec.clone(), run.pty || !run.whole_env);
+    match submit_once(ctx, Request::RunFull(run)).await {
+        Err(e) if e.is_unknown_request() && !needs_full => {
+            // The variables go as additions to the daemon's environment,
+            // which is as close as an older daemon can come.
+            submit_once(ctx, Request::Run(spec)).await
+        }
+        Err(e) if e.is_unknown_request() => Err(Error::Usage(
+            "the daemon is older than this tether and cannot run a worker on a \
+             pseudo-terminal (--pty) or from a clean environment (--clean-env)"
+                .into(),
+        )),
+        other => other,
+    }
+}
+
+async fn submit_once(ctx: &Context, request: Request) -> Result<String> {
     let mut conn = ctx.connector("run").connect().await?;
-    match conn.request(&Request::Run(spec)).await {
+    match conn.request(&request).await {
         Ok(Response::Started { execution }) => Ok(execution),
         Ok(other) => Err(Error::Protocol(format!(
-            "the daemon answered Run with {}",
+            "the daemon answered {} with {}",
+            request.name(),
             other.name()
         ))),
         Err(e) if e.is_connection_failure() => {
@@ -108,18 +167,80 @@ async fn submit(ctx: &Context, spec: RunSpec) -> Result<String> {
     }
 }
 
-/// The request for `args`, with `--cwd` made absolute against `cwd`.
-fn spec_of(args: RunArgs, cwd: &dyn Fn() -> std::io::Result<PathBuf>) -> Result<RunSpec> {
-    RunOptions {
+/// The run `args` ask for, with `--cwd` made absolute against `cwd`.
+/// `local_env` is the caller's environment when the daemon is on this
+/// machine, `None` for a remote one.
+fn run_of(
+    args: RunArgs,
+    local_env: Option<Vec<(OsString, OsString)>>,
+    cwd: &dyn Fn() -> std::io::Result<PathBuf>,
+) -> Result<RunSpecFull> {
+    let mut added = Vec::new();
+    for file in &args.env_files {
+        added.extend(run_env::read_file(file)?);
+    }
+    added.extend(args.env);
+    let (env, whole_env, dir) = match local_env {
+        Some(vars) => {
+            let base = if args.clean_env {
+                Vec::new()
+            } else {
+                run_env::callers(vars)
+            };
+            let dir = args.cwd.unwrap_or_else(|| PathBuf::from("."));
+            (run_env::merge(base, added), true, Some(dir))
+        }
+        None => (run_env::merge(Vec::new(), added), args.clean_env, args.cwd),
+    };
+    let mut spec = RunOptions {
         command: args.command,
         name: args.name,
         restart: args.restart,
         max_restarts: args.max_restarts,
         deadline: args.deadline,
-        cwd: args.cwd,
-        env: args.env,
+        cwd: dir,
+        env,
     }
-    .into_spec_in(cwd)
+    .into_spec_in(cwd)?;
+    // `.` resolved is the directory itself, without a trailing `/.`.
+    if let Some(dir) = spec.cwd.as_mut() {
+        if let Some(stripped) = dir.strip_suffix("/.") {
+            *dir = if stripped.is_empty() {
+                "/".into()
+            } else {
+                stripped.into()
+            };
+        }
+    }
+    check_size(&spec)?;
+    Ok(RunSpecFull {
+        spec,
+        whole_env,
+        pty: args.pty,
+    })
+}
+
+/// Refuses, before anything is sent, a run too large for the daemon to
+/// take: in practice a huge environment.
+fn check_size(spec: &RunSpec) -> Result<()> {
+    let items = spec.command.len() + spec.env.len();
+    let bytes: usize = spec.command.iter().map(String::len).sum::<usize>()
+        + spec
+            .env
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
+        + spec.cwd.as_ref().map_or(0, String::len);
+    if items <= MAX_RUN_ITEMS && bytes <= MAX_RUN_BYTES {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "the run is too large to send: {} environment variables and {} arguments, \
+         {bytes} bytes (at most {MAX_RUN_ITEMS} of them and {MAX_RUN_BYTES} bytes); \
+         start from --clean-env with --env or --env-file, or unset some variables",
+        spec.env.len(),
+        spec.command.len()
+    )))
 }
 
 fn restart_policy(s: &str) -> RestartPolicy {
@@ -160,25 +281,105 @@ mod tests {
         Wrapper::try_parse_from(full).map(|w| w.run)
     }
 
+    /// The run asked of a remote daemon: nothing local is sent.
+    fn remote(argv: &[&str]) -> RunSpecFull {
+        run_of(parse(argv).unwrap(), None, &|| Ok(PathBuf::from("/home/u"))).unwrap()
+    }
+
+    /// The run asked of a local daemon by a caller with `env`.
+    fn local(argv: &[&str], env: &[(&str, &str)]) -> RunSpecFull {
+        let env = env
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect();
+        run_of(parse(argv).unwrap(), Some(env), &|| {
+            Ok(PathBuf::from("/home/u"))
+        })
+        .unwrap()
+    }
+
     fn spec(argv: &[&str]) -> RunSpec {
-        spec_of(parse(argv).unwrap(), &|| Ok(PathBuf::from("/home/u"))).unwrap()
+        remote(argv).spec
+    }
+
+    fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+        items
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn defaults_are_on_failure_with_no_limits() {
-        let spec = spec(&["--", "sleep", "10"]);
+        let run = remote(&["--", "sleep", "10"]);
         assert_eq!(
-            spec,
-            RunSpec {
-                name: None,
-                command: vec!["sleep".into(), "10".into()],
-                cwd: None,
-                env: vec![],
-                restart: RestartPolicy::OnFailure,
-                max_restarts: None,
-                deadline_ms: None,
+            run,
+            RunSpecFull {
+                spec: RunSpec {
+                    name: None,
+                    command: vec!["sleep".into(), "10".into()],
+                    cwd: None,
+                    env: vec![],
+                    restart: RestartPolicy::OnFailure,
+                    max_restarts: None,
+                    deadline_ms: None,
+                },
+                whole_env: false,
+                pty: false,
             }
         );
+    }
+
+    #[test]
+    fn a_local_run_sends_the_callers_directory_and_environment() {
+        let caller = [("PATH", "/opt/bin"), ("TETHER_SOCKET", "/s"), ("A", "0")];
+        let run = local(&["--env", "A=1", "--", "agent"], &caller);
+        assert!(run.whole_env && !run.pty);
+        assert_eq!(run.spec.cwd.as_deref(), Some("/home/u"));
+        assert_eq!(run.spec.env, pairs(&[("PATH", "/opt/bin"), ("A", "1")]));
+        let run = local(&["--cwd", "sub", "--clean-env", "--pty", "agent"], &caller);
+        assert!(run.whole_env && run.pty);
+        assert_eq!(run.spec.cwd.as_deref(), Some("/home/u/sub"));
+        assert!(run.spec.env.is_empty());
+    }
+
+    #[test]
+    fn env_files_come_before_env_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.env");
+        std::fs::write(&file, "# x\nA=file\nB=file\n").unwrap();
+        let path = file.to_str().unwrap();
+        let run = local(
+            &["--env", "B=flag", "--env-file", path, "agent"],
+            &[("A", "0")],
+        );
+        assert_eq!(run.spec.env, pairs(&[("A", "file"), ("B", "flag")]));
+        let missing = parse(&["--env-file", "/nonexistent.env", "agent"]).unwrap();
+        let err = run_of(missing, None, &|| Ok(PathBuf::from("/"))).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent.env"), "{err}");
+    }
+
+    #[test]
+    fn a_huge_environment_is_refused_before_it_is_sent() {
+        let big = "x".repeat(300);
+        let caller: Vec<(String, String)> =
+            (0..5000).map(|i| (format!("V{i}"), big.clone())).collect();
+        let env: Vec<(OsString, OsString)> = caller
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect();
+        let err = run_of(parse(&["agent"]).unwrap(), Some(env.clone()), &|| {
+            Ok(PathBuf::from("/"))
+        })
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(
+            err.to_string().contains("5000 environment variables"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("--clean-env"), "{err}");
+        let clean = parse(&["--clean-env", "agent"]).unwrap();
+        run_of(clean, Some(env), &|| Ok(PathBuf::from("/"))).unwrap();
     }
 
     #[test]
@@ -210,14 +411,7 @@ mod tests {
         assert_eq!(spec.max_restarts, Some(3));
         assert_eq!(spec.deadline_ms, Some(90_000));
         assert_eq!(spec.cwd.as_deref(), Some("/home/u/work/dir"));
-        assert_eq!(
-            spec.env,
-            vec![
-                ("A".into(), "1".into()),
-                ("B".into(), "x=y".into()),
-                ("EMPTY".into(), String::new())
-            ]
-        );
+        assert_eq!(spec.env, pairs(&[("A", "1"), ("B", "x=y"), ("EMPTY", "")]));
         assert_eq!(spec.command, vec!["python3", "-u", "agent.py"]);
     }
 
@@ -253,7 +447,10 @@ mod tests {
             let err = parse(argv).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{argv:?}: {err}");
         }
-        let err = spec_of(parse(&["--", ""]).unwrap(), &|| Ok(PathBuf::from("/"))).unwrap_err();
+        let err = run_of(parse(&["--", ""]).unwrap(), None, &|| {
+            Ok(PathBuf::from("/"))
+        })
+        .unwrap_err();
         assert_eq!(err.exit_code(), 2);
     }
 }

@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
-use tether_protocol::{ExecutionInfo, Request, Response, StatusInfo, StorageState, StreamInfo};
+use tether_protocol::{
+    ExecutionDetail, ExecutionInfo, Request, Response, StatusInfo, StorageState, StreamInfo,
+};
 use tokio::sync::Mutex;
 
 use crate::conn::{unexpected, ConnectOptions, Connector, Endpoint};
@@ -176,10 +178,10 @@ impl Client {
     /// The executions that have not ended (`all`: every one), oldest
     /// first, as `tether ps --json` prints them.
     pub async fn ps(&self, all: bool) -> Result<Value> {
-        executions(&self.connector, all)
+        execution_details(&self.connector, all)
             .await?
             .iter()
-            .map(json::execution)
+            .map(json::execution_detail)
             .collect()
     }
 
@@ -218,6 +220,37 @@ pub async fn streams(connector: &Connector) -> Result<Vec<StreamInfo>> {
         Response::Streams(streams) => Ok(streams),
         other => Err(unexpected("Streams", &other)),
     }
+}
+
+/// [`executions`] with each one's environment keys, directory, CPU and
+/// memory use. A daemon that predates them is asked for the executions
+/// alone; their details are then empty.
+pub async fn execution_details(connector: &Connector, all: bool) -> Result<Vec<ExecutionDetail>> {
+    let mut details = match connector
+        .request(&Request::ListExecutionsFull { all })
+        .await
+    {
+        Ok(Response::ExecutionsFull(details)) => details,
+        Ok(other) => return Err(unexpected("ExecutionsFull", &other)),
+        Err(e) if e.is_unknown_request() => {
+            return Ok(executions(connector, all)
+                .await?
+                .into_iter()
+                .map(|info| ExecutionDetail {
+                    info,
+                    env_keys: Vec::new(),
+                    cwd: None,
+                    cpu_per_mille: None,
+                    rss_bytes: None,
+                })
+                .collect())
+        }
+        Err(e) => return Err(e),
+    };
+    details.sort_by(|a, b| {
+        (a.info.created_micros, &a.info.id).cmp(&(b.info.created_micros, &b.info.id))
+    });
+    Ok(details)
 }
 
 /// The executions that have not ended (`all`: every one), oldest first.

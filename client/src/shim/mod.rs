@@ -2,10 +2,10 @@
 //! supervised worker, in the shape of containerd-shim and conmon.
 //!
 //! tetherd starts `tether-shim` in a session of its own and writes a
-//! [`ShimSpec`] to its stdin ([`spec`]). The shim starts the worker
-//! ([`worker`]), holds its stdout and stderr pipes, turns every line into a
-//! frame on the execution's stream ([`lines`]), reaps the worker and reports
-//! how it ended. Because the daemon is not the worker's parent and does not
+//! [`ShimSpecFull`] to its stdin ([`spec`]). The shim starts the worker
+//! ([`worker`]), holds its stdout and stderr pipes (or its pseudo-terminal,
+//! [`pty`]), turns every line into a frame on the execution's stream
+//! ([`lines`]), reaps the worker and reports how it ended. Because the daemon is not the worker's parent and does not
 //! hold its pipes, a daemon restart loses neither the worker nor its output.
 //!
 //! Towards the daemon the shim is a producer ([`Publisher`]) named
@@ -31,6 +31,7 @@
 
 pub mod lines;
 pub mod procfs;
+pub mod pty;
 pub mod spec;
 pub mod worker;
 
@@ -41,7 +42,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tether_protocol::{
     validate_name, Capabilities, ErrorCode, ExitStatus, FrameKind, Request, Response, ShimHello,
-    ShimSpec, WorkerExited,
+    ShimSpec, ShimSpecFull, WorkerExited,
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Child;
@@ -52,7 +53,7 @@ use crate::error::{Error, Result};
 use crate::publisher::{Greeting, Publisher, PublisherOptions};
 use crate::time::{now_micros, Rfc3339};
 use lines::LineSplitter;
-use worker::Worker;
+use worker::{Output, Worker};
 
 /// Frames in the window of unacknowledged output.
 pub const DEFAULT_WINDOW: usize = 4096;
@@ -133,8 +134,8 @@ pub fn producer_name(spec: &ShimSpec) -> String {
 
 /// Runs one attempt to its end: starts the worker, relays its output,
 /// reports its exit. Logs to stderr as it goes.
-pub async fn run(spec: ShimSpec, options: ShimOptions) -> Outcome {
-    let log = Log::new(&spec);
+pub async fn run(spec: ShimSpecFull, options: ShimOptions) -> Outcome {
+    let log = Log::new(&spec.spec);
     let outcome = supervise(&spec, &options, &log).await;
     match &outcome {
         Outcome::Recorded => log.say("the daemon recorded the exit; done"),
@@ -144,14 +145,15 @@ pub async fn run(spec: ShimSpec, options: ShimOptions) -> Outcome {
     outcome
 }
 
-async fn supervise(spec: &ShimSpec, options: &ShimOptions, log: &Log) -> Outcome {
+async fn supervise(full: &ShimSpecFull, options: &ShimOptions, log: &Log) -> Outcome {
+    let spec = &full.spec;
     let producer = producer_name(spec);
     if let Err(e) =
         validate_name("stream", &spec.execution).and_then(|()| validate_name("producer", &producer))
     {
         return Outcome::Failed(e.into());
     }
-    let spawned = worker::spawn(spec);
+    let spawned = worker::spawn(full);
     let hello = hello(spec, spawned.as_ref().ok(), log);
     let publisher = match Publisher::new(
         connector(spec, options),
@@ -236,12 +238,14 @@ impl Shim<'_> {
         chunk: usize,
     ) -> std::result::Result<ExitStatus, Stop> {
         let Worker {
-            mut child,
-            stdout,
-            stderr,
-            ..
+            mut child, output, ..
         } = worker;
-        let mut out = Pipe::new(stdout, FrameKind::Stdout, max_frame, chunk);
+        let (stdout, stderr): (Reader, Option<Reader>) = match output {
+            Output::Pipes { stdout, stderr } => (Box::new(stdout), Some(Box::new(stderr))),
+            // One terminal carries both, as kind stdout.
+            Output::Pty(master) => (Box::new(master), None),
+        };
+        let mut out = Pipe::new(Some(stdout), FrameKind::Stdout, max_frame, chunk);
         let mut err = Pipe::new(stderr, FrameKind::Stderr, max_frame, chunk);
         let mut status = None;
         loop {
@@ -363,6 +367,9 @@ impl Shim<'_> {
     }
 }
 
+/// One of the worker's outputs, as the shim reads it.
+type Reader = Box<dyn AsyncRead + Unpin + Send>;
+
 /// One of the worker's output pipes and its line splitter.
 struct Pipe<R> {
     /// `None` once closed; dropping the read end makes a worker that keeps
@@ -374,9 +381,10 @@ struct Pipe<R> {
 }
 
 impl<R> Pipe<R> {
-    fn new(reader: R, kind: FrameKind, max_frame: usize, chunk: usize) -> Self {
+    /// A pipe read from `reader`; closed from the start without one.
+    fn new(reader: Option<R>, kind: FrameKind, max_frame: usize, chunk: usize) -> Self {
         Self {
-            reader: Some(reader),
+            reader,
             lines: LineSplitter::new(max_frame),
             kind,
             chunk: chunk.max(1),

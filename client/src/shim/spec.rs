@@ -1,18 +1,21 @@
-//! The shim's one input: a [`ShimSpec`] that the daemon writes to its stdin
-//! as one codec frame (a big-endian `u32` length, then the postcard body)
-//! before closing it.
+//! The shim's one input: a [`ShimSpecFull`] that the daemon writes to its
+//! stdin as one codec frame (a big-endian `u32` length, then the postcard
+//! body) before closing it. A plain [`ShimSpec`], as an older daemon wrote,
+//! is read as one with the default setup: the two never parse as each
+//! other, since the full one has fields after the plain one's and a
+//! message must take its whole frame.
 
 use std::io::Read;
 
 use tether_protocol::codec::decode_message;
-use tether_protocol::{ShimSpec, DEFAULT_MAX_FRAME_LEN};
+use tether_protocol::{ShimSpec, ShimSpecFull, DEFAULT_MAX_FRAME_LEN};
 
 use crate::error::{Error, Result};
 
 /// Reads and decodes the spec. A missing, cut-short, oversized or
 /// malformed frame is an [`Error::Usage`] that says what arrived, since
 /// the usual cause is starting the shim by hand.
-pub fn read(mut input: impl Read) -> Result<ShimSpec> {
+pub fn read(mut input: impl Read) -> Result<ShimSpecFull> {
     let mut prefix = [0u8; 4];
     read_exact(&mut input, &mut prefix, "the length prefix")?;
     let len = u32::from_be_bytes(prefix) as usize;
@@ -24,9 +27,17 @@ pub fn read(mut input: impl Read) -> Result<ShimSpec> {
     }
     let mut body = vec![0u8; len];
     read_exact(&mut input, &mut body, "the spec")?;
+    if let Ok(full) = decode_message::<ShimSpecFull>(&body) {
+        return Ok(full);
+    }
     let spec: ShimSpec = decode_message(&body)
         .map_err(|e| Error::Usage(format!("the spec on stdin is not a valid ShimSpec: {e}")))?;
-    Ok(spec)
+    Ok(ShimSpecFull {
+        spec,
+        whole_env: false,
+        pty: false,
+        last_exit: None,
+    })
 }
 
 fn read_exact(input: &mut impl Read, into: &mut [u8], what: &str) -> Result<()> {
@@ -67,8 +78,22 @@ mod tests {
 
     #[test]
     fn a_spec_frame_round_trips() {
+        let full = ShimSpecFull {
+            spec: spec(),
+            whole_env: true,
+            pty: true,
+            last_exit: Some("code:3".into()),
+        };
+        let frame = encode_frame(&full).unwrap();
+        assert_eq!(read(&frame[..]).unwrap(), full);
+    }
+
+    #[test]
+    fn a_plain_spec_reads_with_the_default_setup() {
         let frame = encode_frame(&spec()).unwrap();
-        assert_eq!(read(&frame[..]).unwrap(), spec());
+        let full = read(&frame[..]).unwrap();
+        assert_eq!(full.spec, spec());
+        assert!(!full.whole_env && !full.pty && full.last_exit.is_none());
     }
 
     #[test]

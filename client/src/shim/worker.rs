@@ -1,21 +1,24 @@
 //! Starting the worker and reading how it ended.
 //!
 //! The worker gets the spec's program, arguments, working directory and
-//! environment, plus `TETHER_EXECUTION_ID`, `TETHER_SOCKET`, `TETHER_ATTEMPT`
-//! (1, 2, ...) and (only when the spec says it was resumed)
-//! `TETHER_RESUMED=1`; these are set last so
-//! that the spec's variables cannot fake them. Its stdin is /dev/null and
-//! its stdout and stderr are pipes held by the shim. The shim is its parent
-//! and reaps it.
+//! environment: the spec's variables alone when the spec says they are the
+//! whole environment, else added to the shim's own. `PYTHONUNBUFFERED=1`
+//! is added unless that environment sets it, so that Python shows output as
+//! it happens. Then `TETHER_EXECUTION_ID`, `TETHER_SOCKET`, `TETHER_ATTEMPT`
+//! (1, 2, ...), and only when the spec says so `TETHER_RESUMED=1` and
+//! `TETHER_LAST_EXIT`; these are set last so that the spec's variables
+//! cannot fake them. Its stdin is /dev/null and its stdout and stderr are
+//! pipes held by the shim, or one pseudo-terminal ([`super::pty`]). The
+//! shim is its parent and reaps it.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Stdio;
 
-use tether_protocol::{ExitStatus, ShimSpec};
+use tether_protocol::{ExitStatus, ShimSpecFull};
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 
-use super::procfs;
+use super::{procfs, pty};
 
 /// A running worker and its output pipes.
 #[derive(Debug)]
@@ -27,14 +30,25 @@ pub struct Worker {
     /// Its start time (field 22 of /proc/PID/stat); 0 if procfs could not
     /// tell, which the daemon will not match to any process.
     pub start_ticks: u64,
-    /// Read end of its stdout.
-    pub stdout: ChildStdout,
-    /// Read end of its stderr.
-    pub stderr: ChildStderr,
+    /// Where its output is read.
+    pub output: Output,
+}
+
+/// The shim's ends of a worker's stdout and stderr.
+#[derive(Debug)]
+pub enum Output {
+    /// Two pipes.
+    Pipes {
+        stdout: ChildStdout,
+        stderr: ChildStderr,
+    },
+    /// One pseudo-terminal for both.
+    Pty(pty::Master),
 }
 
 /// Starts the worker. The error is the reason reported as `SpawnFailed`.
-pub fn spawn(spec: &ShimSpec) -> Result<Worker, String> {
+pub fn spawn(full: &ShimSpecFull) -> Result<Worker, String> {
+    let spec = &full.spec;
     let Some((program, args)) = spec.command.split_first() else {
         return Err("the command is empty".into());
     };
@@ -44,11 +58,28 @@ pub fn spawn(spec: &ShimSpec) -> Result<Worker, String> {
         check_dir(Path::new(cwd))?;
     }
     let mut command = Command::new(program);
+    if full.whole_env {
+        command.env_clear();
+    }
+    let python_set = spec.env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED")
+        || (!full.whole_env && std::env::var_os("PYTHONUNBUFFERED").is_some());
+    if !python_set {
+        command.env("PYTHONUNBUFFERED", "1");
+    }
+    let master = if full.pty {
+        let (master, terminal) = pty::open().map_err(|e| e.to_string())?;
+        let second = terminal
+            .try_clone()
+            .map_err(|e| format!("cannot share the pseudo-terminal: {e}"))?;
+        command.stdout(terminal).stderr(second);
+        Some(master)
+    } else {
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        None
+    };
     command
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .env("TETHER_EXECUTION_ID", &spec.execution)
         .env("TETHER_SOCKET", &spec.socket)
@@ -58,15 +89,27 @@ pub fn spawn(spec: &ShimSpec) -> Result<Worker, String> {
     } else {
         command.env_remove("TETHER_RESUMED");
     }
+    match &full.last_exit {
+        Some(last) => command.env("TETHER_LAST_EXIT", last),
+        None => command.env_remove("TETHER_LAST_EXIT"),
+    };
     if let Some(cwd) = &spec.cwd {
         command.current_dir(cwd);
     }
     let mut child = command
         .spawn()
         .map_err(|e| format!("cannot start {program:?}: {e}"))?;
-    let (Some(pid), Some(stdout), Some(stderr)) =
-        (child.id(), child.stdout.take(), child.stderr.take())
-    else {
+    // The command holds the shim's copies of the terminal end; dropped
+    // here, so that the output ends when the worker's copies close.
+    drop(command);
+    let output = match master {
+        Some(master) => Some(Output::Pty(master)),
+        None => match (child.stdout.take(), child.stderr.take()) {
+            (Some(stdout), Some(stderr)) => Some(Output::Pipes { stdout, stderr }),
+            _ => None,
+        },
+    };
+    let (Some(pid), Some(output)) = (child.id(), output) else {
         // Cannot happen for a child spawned with piped output that has
         // not been waited for; reported rather than assumed.
         let _ = child.start_kill();
@@ -77,8 +120,7 @@ pub fn spawn(spec: &ShimSpec) -> Result<Worker, String> {
         child,
         pid,
         start_ticks,
-        stdout,
-        stderr,
+        output,
     })
 }
 
@@ -135,16 +177,21 @@ mod tests {
         assert_eq!(describe(&ExitStatus::Signal(9)), "signal 9");
     }
 
-    fn spec(command: &[&str], cwd: Option<&str>) -> ShimSpec {
-        ShimSpec {
-            execution: "e-aaaaaa".into(),
-            attempt: 1,
-            socket: "/s.sock".into(),
-            command: command.iter().map(|s| s.to_string()).collect(),
-            cwd: cwd.map(str::to_owned),
-            env: vec![],
-            resumed: false,
-            max_line: 100,
+    fn spec(command: &[&str], cwd: Option<&str>) -> ShimSpecFull {
+        ShimSpecFull {
+            spec: tether_protocol::ShimSpec {
+                execution: "e-aaaaaa".into(),
+                attempt: 1,
+                socket: "/s.sock".into(),
+                command: command.iter().map(|s| s.to_string()).collect(),
+                cwd: cwd.map(str::to_owned),
+                env: vec![],
+                resumed: false,
+                max_line: 100,
+            },
+            whole_env: false,
+            pty: false,
+            last_exit: None,
         }
     }
 

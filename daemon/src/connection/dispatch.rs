@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tether_protocol::{
     max_payload_len, validate_name, Appended, CheckpointSave, CheckpointSaveFull, DurableAck,
-    ErrorCode, Request, Response, ShimHello, StatusInfo, StorageFault, StorageState, WorkerExited,
-    FRAME_ENVELOPE, PROTOCOL_VERSION,
+    ErrorCode, Request, Response, RunSpecFull, ShimHello, StatusInfo, StorageFault, StorageState,
+    WorkerExited, FRAME_ENVELOPE, PROTOCOL_VERSION,
 };
 
 use super::{parts, Refusal, Session};
@@ -176,18 +176,16 @@ impl Session {
                 let state = StorageState { degraded };
                 self.send_all(vec![Response::Storage(state)]).await
             }
-            Request::Run(mut spec) => {
-                // `[restart] max_restarts` of the config file: the limit of
-                // a run whose client set none.
-                if spec.max_restarts.is_none() {
-                    spec.max_restarts = self.shared.config.default_max_restarts;
-                }
-                let execution = self.shared.supervisor.run(spec).await?;
-                self.send_all(vec![Response::Started { execution }]).await
-            }
+            Request::Run(spec) => self.run(spec.into()).await,
+            Request::RunFull(run) => self.run(run).await,
             Request::ListExecutions { all } => {
                 let executions = self.shared.supervisor.list(all);
                 self.send_all(parts::executions(executions, self.max_frame_len())?)
+                    .await
+            }
+            Request::ListExecutionsFull { all } => {
+                let executions = self.shared.supervisor.list_full(all);
+                self.send_all(parts::executions_full(executions, self.max_frame_len())?)
                     .await
             }
             Request::Stop {
@@ -366,6 +364,16 @@ impl Session {
         }
     }
 
+    async fn run(&mut self, mut run: RunSpecFull) -> Result<(), Refusal> {
+        // `[restart] max_restarts` of the config file: the limit of a run
+        // whose client set none.
+        if run.spec.max_restarts.is_none() {
+            run.spec.max_restarts = self.shared.config.default_max_restarts;
+        }
+        let execution = self.shared.supervisor.run(run).await?;
+        self.send_all(vec![Response::Started { execution }]).await
+    }
+
     async fn stop(&mut self, execution: &str, timeout_ms: u64) -> Result<(), Refusal> {
         let timeout = Duration::from_millis(timeout_ms);
         let stopped = tokio::select! {
@@ -482,6 +490,7 @@ fn check_payloads(batch: &[IngestAppend], max_frame_len: usize) -> Result<(), Re
 fn control_target(request: &Request) -> &str {
     match request {
         Request::Run(spec) => spec.name.as_deref().unwrap_or(""),
+        Request::RunFull(run) => run.spec.name.as_deref().unwrap_or(""),
         Request::Stop { execution, .. }
         | Request::StepPut { execution, .. }
         | Request::StepClear { execution, .. } => execution,

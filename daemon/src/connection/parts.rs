@@ -12,8 +12,8 @@ use bytes::Bytes;
 use serde::Serialize;
 use tether_protocol::codec::encoded_len;
 use tether_protocol::{
-    Checkpoint, CheckpointEntry, CheckpointFull, CheckpointMeta, ExecutionInfo, Response, StepInfo,
-    StreamInfo,
+    Checkpoint, CheckpointEntry, CheckpointFull, CheckpointMeta, ExecutionDetail, ExecutionInfo,
+    Response, StepInfo, StreamInfo,
 };
 
 use crate::{Error, Result};
@@ -38,6 +38,19 @@ pub(super) fn executions(executions: Vec<ExecutionInfo>, max: usize) -> Result<V
         max,
         Response::ExecutionsPart,
         Response::Executions,
+    )
+}
+
+/// `executions` with their details as messages of at most `max` bytes each.
+pub(super) fn executions_full(
+    executions: Vec<ExecutionDetail>,
+    max: usize,
+) -> Result<Vec<Response>> {
+    split_list(
+        executions,
+        max,
+        Response::ExecutionsFullPart,
+        Response::ExecutionsFull,
     )
 }
 
@@ -78,7 +91,7 @@ fn split_list<T: Serialize>(
 ) -> Result<Vec<Response>> {
     let what = match part(Vec::new()) {
         Response::StreamsPart(_) => "a stream's entry",
-        Response::ExecutionsPart(_) => "an execution's entry",
+        Response::ExecutionsPart(_) | Response::ExecutionsFullPart(_) => "an execution's entry",
         Response::CheckpointsFullPart(_) => "a checkpoint's entry",
         Response::StepsPart(_) => "a step's entry",
         _ => "an entry of the list",

@@ -27,7 +27,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tether_protocol::{ExecState, ExitStatus, RunSpec, ShimHello, ShimSpec, WorkerExited};
+use tether_protocol::{
+    ExecState, ExitStatus, RunSpec, RunSpecFull, ShimHello, ShimSpec, ShimSpecFull, WorkerExited,
+};
 use tokio::sync::OwnedMutexGuard;
 
 use super::manifest::{self, display_command, Manifest};
@@ -42,12 +44,16 @@ use crate::{Error, Result};
 impl Inner {
     // -- run ----------------------------------------------------------------
 
-    pub(super) async fn run(self: Arc<Self>, spec: RunSpec) -> Result<String> {
-        manifest::validate_spec(&spec)?;
+    pub(super) async fn run(self: Arc<Self>, run: RunSpecFull) -> Result<String> {
+        manifest::validate_spec(&run.spec)?;
         let now = now_micros();
-        let (id, slot, mut exec) = self.reserve_id(&spec, now)?;
+        let mut change_event = submitted_event(&run.spec);
+        if run.pty {
+            change_event.push_str(" on a pseudo-terminal");
+        }
+        let (id, slot, mut exec) = self.reserve_id(run, now)?;
         let mut change = Change::of(&exec.manifest);
-        change.note(submitted_event(&spec));
+        change.note(change_event);
         if let Err(e) = self.commit(&slot, &mut exec, change).await {
             self.slots().remove(&id);
             return Err(e);
@@ -67,17 +73,17 @@ impl Inner {
     /// slot, returned locked: nobody sees it before its first commit.
     fn reserve_id(
         &self,
-        spec: &RunSpec,
+        run: RunSpecFull,
         now: u64,
     ) -> Result<(String, Arc<Slot>, OwnedMutexGuard<Execution>)> {
         let mut slots = self.slots();
         for _ in 0..ID_TRIES {
-            let id = manifest::new_id(spec, policy::random());
+            let id = manifest::new_id(&run.spec, policy::random());
             if slots.contains_key(&id) || self.queue.stream_range(&id).is_some() {
                 continue;
             }
             let manifest =
-                Manifest::new(id.clone(), spec.clone(), now, self.settings.boot_id.clone());
+                Manifest::new(id.clone(), run.clone(), now, self.settings.boot_id.clone());
             let slot = new_slot(manifest, false, None, None);
             let guard = slot.exec.clone().try_lock_owned().map_err(|_| {
                 Error::Invariant("internal error: a new execution was locked".into())
@@ -109,16 +115,26 @@ impl Inner {
     /// records its identity.
     async fn launch(self: &Arc<Self>, slot: &Arc<Slot>, exec: &mut Execution) -> Result<()> {
         let m = &exec.manifest;
-        let spec = ShimSpec {
-            execution: m.id.clone(),
-            attempt: m.attempt,
-            socket: self.settings.socket.display().to_string(),
-            command: m.spec.command.clone(),
-            cwd: m.spec.cwd.clone(),
-            env: m.spec.env.clone(),
-            // Decided when this attempt's start was committed.
-            resumed: exec.resumed,
-            max_line: self.settings.max_line,
+        let spec = ShimSpecFull {
+            spec: ShimSpec {
+                execution: m.id.clone(),
+                attempt: m.attempt,
+                socket: self.settings.socket.display().to_string(),
+                command: m.spec.command.clone(),
+                cwd: m.spec.cwd.clone(),
+                env: m.spec.env.clone(),
+                // Decided when this attempt's start was committed.
+                resumed: exec.resumed,
+                max_line: self.settings.max_line,
+            },
+            whole_env: m.setup.whole_env,
+            pty: m.setup.pty,
+            // Only a restart has a previous attempt to describe.
+            last_exit: if m.attempt > 1 {
+                m.last_exit.as_ref().and_then(last_exit_variable)
+            } else {
+                None
+            },
         };
         let (id, attempt) = (m.id.clone(), m.attempt);
         let mut child = match self.settings.launcher.start(&spec).await {
@@ -458,6 +474,16 @@ fn exit_event(ending: Ending<'_>, lost_reason: &str) -> String {
             format!("the worker could not be started: {why}")
         }
         Ending::Lost => format!("lost: {lost_reason}"),
+    }
+}
+
+/// `TETHER_LAST_EXIT` for how the previous attempt ended: `code:N` or
+/// `signal:NAME`. A worker that never started has no exit to tell.
+fn last_exit_variable(status: &ExitStatus) -> Option<String> {
+    match status {
+        ExitStatus::Code(code) => Some(format!("code:{code}")),
+        ExitStatus::Signal(signal) => Some(format!("signal:{}", procfs::signal_name(*signal))),
+        ExitStatus::SpawnFailed(_) => None,
     }
 }
 

@@ -7,7 +7,7 @@
 //! old files stay readable.
 
 use serde::{Deserialize, Serialize};
-use tether_protocol::{validate_name, ExecState, ExecutionInfo, ExitStatus, RunSpec};
+use tether_protocol::{validate_name, ExecState, ExecutionInfo, ExitStatus, RunSpec, RunSpecFull};
 
 use super::procfs::ProcessId;
 use crate::{Error, Result};
@@ -22,9 +22,9 @@ const BASE32: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 pub const MAX_LABEL_LEN: usize = 255;
 /// Most arguments plus environment variables accepted in one spec, so that
 /// a spec always fits in one shim hand-over frame.
-const MAX_SPEC_ITEMS: usize = 4096;
+const MAX_SPEC_ITEMS: usize = tether_protocol::MAX_RUN_ITEMS;
 /// Most bytes of arguments, environment and cwd together.
-const MAX_SPEC_BYTES: usize = 1024 * 1024;
+const MAX_SPEC_BYTES: usize = tether_protocol::MAX_RUN_BYTES;
 
 /// A pending `tether stop`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,20 +74,37 @@ pub struct Manifest {
     pub stop: Option<StopRequest>,
     /// When the execution reached a final state.
     pub ended_micros: Option<u64>,
+    /// How the worker's environment and output are set up. Not part of
+    /// the V1 layout: stored beside the manifest from V2 on.
+    #[serde(skip)]
+    pub setup: Setup,
 }
 
-/// The stored form: the variant index is the layout version.
+/// What a run asked for beyond [`RunSpec`] (see [`RunSpecFull`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Setup {
+    /// `spec.env` is the worker's whole environment, not additions to the
+    /// daemon's.
+    pub whole_env: bool,
+    /// The worker's stdout and stderr are a pseudo-terminal.
+    pub pty: bool,
+}
+
+/// The stored form: the variant index is the layout version. V2 is V1's
+/// fields followed by the [`Setup`]; a V1 manifest reads as the default
+/// setup (the daemon's environment plus the spec's variables, pipes).
 #[derive(Serialize, Deserialize, Debug)]
 enum Stored {
     V1(Manifest),
+    V2(Manifest, Setup),
 }
 
 impl Manifest {
     /// A new, pending execution.
-    pub fn new(id: String, spec: RunSpec, now_micros: u64, boot_id: String) -> Self {
+    pub fn new(id: String, run: RunSpecFull, now_micros: u64, boot_id: String) -> Self {
         Self {
             id,
-            spec,
+            spec: run.spec,
             state: ExecState::Pending,
             attempt: 0,
             restarts: 0,
@@ -101,12 +118,16 @@ impl Manifest {
             next_attempt_micros: None,
             stop: None,
             ended_micros: None,
+            setup: Setup {
+                whole_env: run.whole_env,
+                pty: run.pty,
+            },
         }
     }
 
     /// The stored bytes.
     pub fn encode(&self) -> Result<Vec<u8>> {
-        postcard::to_stdvec(&Stored::V1(self.clone()))
+        postcard::to_stdvec(&Stored::V2(self.clone(), self.setup))
             .map_err(|e| Error::storage(format!("cannot encode the manifest of {}", self.id), e))
     }
 
@@ -114,6 +135,10 @@ impl Manifest {
     pub fn decode(id: &str, bytes: &[u8]) -> Result<Self> {
         match postcard::from_bytes(bytes) {
             Ok(Stored::V1(m)) => Ok(m),
+            Ok(Stored::V2(mut m, setup)) => {
+                m.setup = setup;
+                Ok(m)
+            }
             Err(e) => Err(Error::storage(
                 format!("the manifest of execution {id} is unreadable"),
                 e,
@@ -288,7 +313,7 @@ mod tests {
     fn manifest_round_trips_through_its_stored_form() {
         let mut m = Manifest::new(
             "sh-abcdef".into(),
-            spec(&["sh", "-c", "x"]),
+            spec(&["sh", "-c", "x"]).into(),
             7,
             "boot".into(),
         );
@@ -304,6 +329,22 @@ mod tests {
         let bytes = m.encode().unwrap();
         assert_eq!(Manifest::decode("sh-abcdef", &bytes).unwrap(), m);
         assert!(Manifest::decode("x", b"\xff\xff").is_err());
+        m.setup = Setup {
+            whole_env: true,
+            pty: true,
+        };
+        let bytes = m.encode().unwrap();
+        assert_eq!(Manifest::decode("sh-abcdef", &bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn a_first_layout_manifest_still_reads_with_the_default_setup() {
+        let mut m = Manifest::new("sh-abcdef".into(), spec(&["sh"]).into(), 7, "boot".into());
+        let v1 = postcard::to_stdvec(&Stored::V1(m.clone())).unwrap();
+        assert_eq!(v1[0], 0, "layout version 1");
+        m.setup = Setup::default();
+        assert_eq!(Manifest::decode("sh-abcdef", &v1).unwrap(), m);
+        assert_eq!(m.encode().unwrap()[0], 1, "written as layout version 2");
     }
 
     #[test]

@@ -41,7 +41,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use tether_protocol::{ExecState, ExecutionInfo, RunSpec, ShimHello, WorkerExited};
+use tether_protocol::{
+    ExecState, ExecutionDetail, ExecutionInfo, RunSpecFull, ShimHello, WorkerExited,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
@@ -277,22 +279,48 @@ impl Supervisor {
     /// Records a new execution and starts its first attempt. Resolves with
     /// the execution id once the execution is durable; the shim is started
     /// right after.
-    pub async fn run(&self, spec: RunSpec) -> Result<String> {
+    pub async fn run(&self, run: RunSpecFull) -> Result<String> {
         let inner = self.inner.clone();
-        self.inner
-            .detach(async move { inner.run(spec).await })
-            .await
+        self.inner.detach(async move { inner.run(run).await }).await
     }
 
     /// The executions, oldest first; without `all`, only unfinished ones.
     pub fn list(&self, all: bool) -> Vec<ExecutionInfo> {
+        self.manifests(all)
+            .iter()
+            .map(|m| self.inner.info(m))
+            .collect()
+    }
+
+    /// [`Supervisor::list`] with each execution's environment keys and
+    /// directory and, while a worker runs, its CPU and memory use.
+    pub fn list_full(&self, all: bool) -> Vec<ExecutionDetail> {
+        self.manifests(all)
+            .iter()
+            .map(|m| {
+                let running = matches!(m.state, ExecState::Running | ExecState::Starting);
+                let usage = m.worker.filter(|_| running).and_then(procfs::usage);
+                ExecutionDetail {
+                    info: self.inner.info(m),
+                    env_keys: m.spec.env.iter().map(|(key, _)| key.clone()).collect(),
+                    cwd: m.spec.cwd.clone(),
+                    cpu_per_mille: usage.map(|u| u.cpu_per_mille),
+                    rss_bytes: usage.map(|u| u.rss_bytes),
+                }
+            })
+            .collect()
+    }
+
+    /// The committed manifests, oldest first; without `all`, only those of
+    /// unfinished executions.
+    fn manifests(&self, all: bool) -> Vec<Manifest> {
         let slots: Vec<Arc<Slot>> = self.inner.slots().values().cloned().collect();
-        let mut out: Vec<ExecutionInfo> = slots
+        let mut out: Vec<Manifest> = slots
             .iter()
             .filter_map(|slot| {
                 let committed = slot.committed.borrow();
                 let m = committed.as_ref()?;
-                (all || !state::is_final(m.state)).then(|| self.inner.info(m))
+                (all || !state::is_final(m.state)).then(|| m.clone())
             })
             .collect();
         out.sort_by(|a, b| (a.created_micros, &a.id).cmp(&(b.created_micros, &b.id)));
@@ -605,7 +633,7 @@ mod tests {
     use super::*;
 
     fn manifest(state: ExecState) -> Manifest {
-        let spec = RunSpec {
+        let spec = tether_protocol::RunSpec {
             name: None,
             command: vec!["true".into()],
             cwd: None,
@@ -614,7 +642,12 @@ mod tests {
             max_restarts: None,
             deadline_ms: None,
         };
-        let mut m = Manifest::new("true-aaaaaa".into(), spec, 1, "boot".into());
+        let run = RunSpecFull {
+            spec,
+            whole_env: false,
+            pty: false,
+        };
+        let mut m = Manifest::new("true-aaaaaa".into(), run, 1, "boot".into());
         m.state = state;
         m
     }

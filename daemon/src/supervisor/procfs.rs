@@ -43,6 +43,8 @@ pub struct Stat {
     pub session: u32,
     /// Field 22: start time in clock ticks after boot.
     pub start_ticks: u64,
+    /// Fields 14 and 15: user and system CPU time, in clock ticks.
+    pub cpu_ticks: u64,
 }
 
 /// Reads `/proc/PID/stat`. `NotFound` when there is no such process.
@@ -76,11 +78,111 @@ fn parse_stat(text: &str) -> Option<Stat> {
     let rest = &text[text.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
     let field = |n: usize| fields.get(n - 3).copied();
+    let utime: u64 = field(14)?.parse().ok()?;
+    let stime: u64 = field(15)?.parse().ok()?;
     Some(Stat {
         pgrp: field(5)?.parse().ok()?,
         session: field(6)?.parse().ok()?,
         start_ticks: field(22)?.parse().ok()?,
+        cpu_ticks: utime.saturating_add(stime),
     })
+}
+
+/// Clock ticks per second in what /proc reports (`USER_HZ`). The kernel
+/// fixes it at 100 for user space on every architecture tether runs on,
+/// whatever its internal tick rate, so it need not be asked for.
+const USER_HZ: u64 = 100;
+
+/// What a running process costs the machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time over the process's life so far, in tenths of a percent of
+    /// one core (as ps(1) shows it: 1000 is one core kept busy throughout).
+    pub cpu_per_mille: u32,
+    /// Resident memory, in bytes.
+    pub rss_bytes: u64,
+}
+
+/// The use of the machine by `id`, or `None` when that process is gone
+/// (its pid ended, or now names another process).
+pub fn usage(id: ProcessId) -> Option<Usage> {
+    let stat = stat(id.pid).ok()?;
+    if stat.start_ticks != id.start_ticks {
+        return None;
+    }
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", id.pid)).ok()?;
+    Some(Usage {
+        cpu_per_mille: cpu_per_mille(stat, uptime_ticks(&uptime)?),
+        rss_bytes: rss_bytes(&status)?,
+    })
+}
+
+/// The first field of `/proc/uptime` (seconds since boot, with
+/// hundredths), in clock ticks.
+fn uptime_ticks(text: &str) -> Option<u64> {
+    let seconds = text.split_ascii_whitespace().next()?;
+    let (whole, fraction) = seconds.split_once('.').unwrap_or((seconds, "0"));
+    let hundredths: u64 = format!("{fraction:0<2}").get(..2)?.parse().ok()?;
+    let whole: u64 = whole.parse().ok()?;
+    Some(whole.saturating_mul(USER_HZ) + hundredths * USER_HZ / 100)
+}
+
+/// CPU ticks per tick of life, in tenths of a percent.
+fn cpu_per_mille(stat: Stat, now_ticks: u64) -> u32 {
+    let lived = now_ticks.saturating_sub(stat.start_ticks).max(1);
+    let per_mille = stat.cpu_ticks.saturating_mul(1000) / lived;
+    u32::try_from(per_mille).unwrap_or(u32::MAX)
+}
+
+/// `VmRSS` of `/proc/PID/status`, which the kernel writes in kB.
+fn rss_bytes(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// A signal's name (`SIGKILL`), or its number for one without a common
+/// name.
+pub fn signal_name(signal: i32) -> String {
+    const NAMES: [&str; 31] = [
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    ];
+    usize::try_from(signal)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|i| NAMES.get(i))
+        .map_or_else(|| signal.to_string(), |name| (*name).to_owned())
 }
 
 /// This boot's id, from `/proc/sys/kernel/random/boot_id`.
@@ -314,10 +416,48 @@ mod tests {
             Some(Stat {
                 pgrp: 42,
                 session: 42,
-                start_ticks: 987_654
+                start_ticks: 987_654,
+                cpu_ticks: 0,
             })
         );
         assert_eq!(parse_stat("42 (x) R 1"), None);
+    }
+
+    #[test]
+    fn usage_is_read_from_its_proc_files() {
+        assert_eq!(uptime_ticks("12345.67 999.00\n"), Some(1_234_567));
+        assert_eq!(uptime_ticks("5.5 1\n"), Some(550));
+        assert_eq!(uptime_ticks("x"), None);
+        let stat = Stat {
+            pgrp: 1,
+            session: 1,
+            start_ticks: 1000,
+            cpu_ticks: 50,
+        };
+        assert_eq!(cpu_per_mille(stat, 1200), 250, "50 of 200 ticks: 25.0%");
+        assert_eq!(cpu_per_mille(stat, 1000), 50_000, "no time lived yet");
+        let status = "Name:\tsleep\nVmPeak:\t  1 kB\nVmRSS:\t    1536 kB\n";
+        assert_eq!(rss_bytes(status), Some(1536 * 1024));
+        assert_eq!(rss_bytes("Name: x\n"), None);
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(signal_name(15), "SIGTERM");
+        assert_eq!(signal_name(64), "64");
+    }
+
+    #[test]
+    fn a_live_process_has_usage_and_a_gone_one_none() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let id = identify(child.id()).unwrap();
+        let usage = usage(id).unwrap();
+        assert!(usage.rss_bytes > 0);
+        let wrong = ProcessId {
+            start_ticks: id.start_ticks + 1,
+            ..id
+        };
+        assert_eq!(super::usage(wrong), None);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(super::usage(id), None);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! so that neither a signal to the daemon's process group nor systemd's
 //! `KillMode=process` reaches it: the daemon can restart while the shim and
 //! its worker go on. Its stdin is a pipe carrying exactly one codec frame, a
-//! [`ShimSpec`], and then closed. Its stdout and stderr are appended to
+//! [`ShimSpecFull`], and then closed. Its stdout and stderr are appended to
 //! `<state_dir>/shims/<execution>.log`, for the shim's own diagnostics; the
 //! worker's output never goes there.
 //!
@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tether_protocol::ShimSpec;
+use tether_protocol::ShimSpecFull;
 use tokio::io::AsyncWriteExt;
 
 /// How long a new shim has to read its spec.
@@ -31,8 +31,8 @@ const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Variables that describe the daemon's own service and must not leak to
 /// workers (a worker must not notify systemd or adopt its sockets as if it
 /// were the daemon). `JOURNAL_STREAM` names the daemon's stderr, which a
-/// shim's is not.
-const SERVICE_VARIABLES: [&str; 7] = [
+/// shim's is not; `INVOCATION_ID` names the daemon's own service run.
+const SERVICE_VARIABLES: [&str; 8] = [
     "NOTIFY_SOCKET",
     "LISTEN_FDS",
     "LISTEN_PID",
@@ -40,6 +40,7 @@ const SERVICE_VARIABLES: [&str; 7] = [
     "WATCHDOG_USEC",
     "WATCHDOG_PID",
     "JOURNAL_STREAM",
+    "INVOCATION_ID",
 ];
 
 /// Where and how shims are started.
@@ -54,11 +55,11 @@ pub struct Launcher {
 impl Launcher {
     /// Starts a shim for `spec` and hands it its spec. The child is not
     /// reaped here: the caller watches it and waits for it.
-    pub async fn start(&self, spec: &ShimSpec) -> io::Result<Child> {
+    pub async fn start(&self, spec: &ShimSpecFull) -> io::Result<Child> {
         let frame = tether_protocol::codec::encode_frame(spec)
             .map_err(|e| io::Error::other(format!("cannot encode the shim's spec: {e}")))?;
         let launcher = self.clone();
-        let (execution, attempt) = (spec.execution.clone(), spec.attempt);
+        let (execution, attempt) = (spec.spec.execution.clone(), spec.spec.attempt);
         // Fork and exec wait for the child's exec to succeed or fail; keep
         // that off the async workers.
         let mut child = tokio::task::spawn_blocking(move || launcher.spawn(&execution, attempt))
@@ -165,16 +166,21 @@ mod tests {
     use super::*;
     use crate::supervisor::procfs;
 
-    fn spec() -> ShimSpec {
-        ShimSpec {
-            execution: "t-aaaaaa".into(),
-            attempt: 1,
-            socket: "/nonexistent.sock".into(),
-            command: vec!["true".into()],
-            cwd: None,
-            env: Vec::new(),
-            resumed: false,
-            max_line: 1024,
+    fn spec() -> ShimSpecFull {
+        ShimSpecFull {
+            spec: tether_protocol::ShimSpec {
+                execution: "t-aaaaaa".into(),
+                attempt: 1,
+                socket: "/nonexistent.sock".into(),
+                command: vec!["true".into()],
+                cwd: None,
+                env: Vec::new(),
+                resumed: false,
+                max_line: 1024,
+            },
+            whole_env: false,
+            pty: false,
+            last_exit: None,
         }
     }
 

@@ -627,7 +627,7 @@ async fn a_manifest_naming_a_reused_pid_is_lost_and_that_process_left_alone() {
     let boot = procfs::boot_id().unwrap();
     let mut stale = Manifest::new(
         "stale-aaaaaa".into(),
-        spec(&["agent"], RestartPolicy::Never),
+        spec(&["agent"], RestartPolicy::Never).into(),
         1,
         boot.clone(),
     );

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use tether_protocol::{
     Capabilities, ClientCodec, ExitStatus, Hello, Request, Response, ShimHello, ShimSpec,
-    WorkerExited, PROTOCOL_VERSION,
+    ShimSpecFull, WorkerExited, PROTOCOL_VERSION,
 };
 use tetherd::supervisor::procfs::{self, Pidfd, ProcessId};
 use tokio::net::UnixStream;
@@ -112,6 +112,10 @@ impl Env {
     }
 
     pub fn spec_of(&self, id: &str, attempt: u32) -> ShimSpec {
+        self.full_spec_of(id, attempt).spec
+    }
+
+    pub fn full_spec_of(&self, id: &str, attempt: u32) -> ShimSpecFull {
         let bytes = std::fs::read(self.dir.path().join(format!("spec-{id}-{attempt}"))).unwrap();
         let len = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
         assert_eq!(bytes.len(), 4 + len, "exactly one frame");

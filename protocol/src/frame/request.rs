@@ -112,6 +112,15 @@ pub enum Request {
     /// Answered with [`Response::CheckpointsFull`], after
     /// [`Response::CheckpointsFullPart`]s when the list does not fit.
     CheckpointListFull { execution: String },
+    /// [`Request::Run`] with the worker's environment and output settings
+    /// (`tether run` from the caller's directory and environment, `--pty`).
+    /// Answered with [`Response::Started`].
+    RunFull(RunSpecFull),
+    /// [`Request::ListExecutions`] with each execution's environment keys,
+    /// directory, CPU and memory use. Answered with
+    /// [`Response::ExecutionsFull`], after [`Response::ExecutionsFullPart`]s
+    /// when the list does not fit in one message.
+    ListExecutionsFull { all: bool },
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
@@ -146,6 +155,8 @@ impl Request {
             Request::CheckpointSaveFull(_) => 22,
             Request::CheckpointLoadFull { .. } => 23,
             Request::CheckpointListFull { .. } => 24,
+            Request::RunFull(_) => 25,
+            Request::ListExecutionsFull { .. } => 26,
         }
     }
 
@@ -179,6 +190,8 @@ impl Request {
             "CheckpointSaveFull",
             "CheckpointLoadFull",
             "CheckpointListFull",
+            "RunFull",
+            "ListExecutionsFull",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -211,6 +224,8 @@ impl Request {
             Request::CheckpointSaveFull(_) => "CheckpointSaveFull",
             Request::CheckpointLoadFull { .. } => "CheckpointLoadFull",
             Request::CheckpointListFull { .. } => "CheckpointListFull",
+            Request::RunFull(_) => "RunFull",
+            Request::ListExecutionsFull { .. } => "ListExecutionsFull",
         }
     }
 }

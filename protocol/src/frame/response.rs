@@ -94,6 +94,11 @@ pub enum Response {
     /// A leading part of the answer to [`Request::CheckpointListFull`]; see
     /// [`Response::StreamsPart`].
     CheckpointsFullPart(Vec<CheckpointEntry>),
+    /// Answer to [`Request::ListExecutionsFull`].
+    ExecutionsFull(Vec<ExecutionDetail>),
+    /// A leading part of the answer to [`Request::ListExecutionsFull`]; see
+    /// [`Response::StreamsPart`].
+    ExecutionsFullPart(Vec<ExecutionDetail>),
 }
 
 impl Response {
@@ -138,6 +143,8 @@ impl Response {
             Response::CheckpointFull(_) => "CheckpointFull",
             Response::CheckpointsFull(_) => "CheckpointsFull",
             Response::CheckpointsFullPart(_) => "CheckpointsFullPart",
+            Response::ExecutionsFull(_) => "ExecutionsFull",
+            Response::ExecutionsFullPart(_) => "ExecutionsFullPart",
         }
     }
 }

@@ -52,6 +52,31 @@ pub struct RunSpec {
     pub deadline_ms: Option<u64>,
 }
 
+/// [`RunSpec`] with how the worker's environment and output are set up:
+/// the body of [`Request::RunFull`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct RunSpecFull {
+    pub spec: RunSpec,
+    /// `spec.env` is the worker's whole environment (the caller's, or only
+    /// the variables asked for); otherwise it is added to the daemon's own.
+    pub whole_env: bool,
+    /// The worker's stdout and stderr are one pseudo-terminal, so that
+    /// C-stdio programs flush each line; its output is all kind `stdout`.
+    pub pty: bool,
+}
+
+impl From<RunSpec> for RunSpecFull {
+    /// A plain [`Request::Run`]: the spec's variables added to the
+    /// daemon's environment, output through pipes.
+    fn from(spec: RunSpec) -> Self {
+        Self {
+            spec,
+            whole_env: false,
+            pty: false,
+        }
+    }
+}
+
 /// The lifecycle of an execution. See the supervisor's transition table.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ExecState {
@@ -127,6 +152,23 @@ pub struct ExecutionInfo {
     pub last_checkpoint: Option<CheckpointRef>,
 }
 
+/// One row of `tether ps` with the worker's surroundings and its use of
+/// the machine: the answer to [`Request::ListExecutionsFull`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ExecutionDetail {
+    pub info: ExecutionInfo,
+    /// The names of the variables the execution asked for (its whole
+    /// environment when `whole_env`); never their values.
+    pub env_keys: Vec<String>,
+    /// The worker's directory; the daemon's own when `None`.
+    pub cwd: Option<String>,
+    /// CPU time over the running worker's life so far, in tenths of a
+    /// percent of one core (as ps(1) counts it); `None` when no worker runs.
+    pub cpu_per_mille: Option<u32>,
+    /// The running worker's resident memory, in bytes.
+    pub rss_bytes: Option<u64>,
+}
+
 /// Where and when a checkpoint was taken.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CheckpointRef {
@@ -174,4 +216,20 @@ pub struct ShimSpec {
     pub resumed: bool,
     /// Longest line kept as one frame; longer lines are split.
     pub max_line: u32,
+}
+
+/// What the daemon hands a shim, in full: [`ShimSpec`] with the run's
+/// environment and output settings and how the previous attempt ended.
+/// A shim reads this first and a plain [`ShimSpec`] otherwise.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ShimSpecFull {
+    pub spec: ShimSpec,
+    /// `spec.env` is the worker's whole environment rather than additions
+    /// to the shim's own (see [`RunSpecFull::whole_env`]).
+    pub whole_env: bool,
+    /// Give the worker a pseudo-terminal for stdout and stderr.
+    pub pty: bool,
+    /// `TETHER_LAST_EXIT` for the worker: `code:N` or `signal:NAME`, on a
+    /// restart.
+    pub last_exit: Option<String>,
 }

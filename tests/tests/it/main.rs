@@ -32,6 +32,8 @@ mod publish_tail;
 mod remote_access;
 mod remote_ssh;
 mod replay_cutover;
+mod run_environment;
+mod run_pty;
 mod shell_agent;
 mod signals;
 mod single_instance;
