@@ -22,7 +22,7 @@ use std::fmt::Debug;
 use bytes::{Bytes, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 use tether_protocol::{
-    Append, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck, DurableResume,
+    Append, AppendStamped, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck, DurableResume,
     ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Message, Request, Response,
     ServerCodec, StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed, PROTOCOL_VERSION,
 };
@@ -39,6 +39,36 @@ use tokio_util::codec::{Decoder, Encoder};
 const FROZEN_VERSION: u32 = 1;
 
 fn request_fixtures() -> Vec<(Request, &'static str)> {
+    let mut fixtures = older_request_fixtures();
+    fixtures.extend(append_stamped_fixtures());
+    fixtures
+}
+
+/// `AppendStamped`: an append's fields, then the producer's time.
+fn append_stamped_fixtures() -> Vec<(Request, &'static str)> {
+    vec![(
+        Request::AppendStamped(AppendStamped {
+            stream: "s".into(),
+            producer: "p".into(),
+            producer_seq: 3,
+            kind: FrameKind::Stderr,
+            payload: Bytes::from_static(b"hi"),
+            ts_micros: 300,
+        }),
+        "0000000c 19 0173 0170 03 02 026869 ac02",
+    )]
+}
+
+#[test]
+fn append_stamped_encodes_to_its_golden_bytes() {
+    check_fixtures(
+        append_stamped_fixtures(),
+        ClientCodec::new(),
+        ServerCodec::new(),
+    );
+}
+
+fn older_request_fixtures() -> Vec<(Request, &'static str)> {
     vec![
         (
             Request::Hello(Hello {
@@ -518,10 +548,11 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::CheckpointSaveFull(_) => "CheckpointSaveFull",
         Request::CheckpointLoadFull { .. } => "CheckpointLoadFull",
         Request::CheckpointListFull { .. } => "CheckpointListFull",
+        Request::AppendStamped(_) => "AppendStamped",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 25] = [
+const ALL_REQUEST_VARIANTS: [&str; 26] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -547,6 +578,7 @@ const ALL_REQUEST_VARIANTS: [&str; 25] = [
     "CheckpointSaveFull",
     "CheckpointLoadFull",
     "CheckpointListFull",
+    "AppendStamped",
 ];
 
 /// See [`request_variant`].
@@ -808,6 +840,7 @@ fn error_codes_and_capability_bits_keep_their_numbers() {
     assert_eq!(ErrorCode(13).name(), "unknown");
     assert_eq!(Capabilities::NONE.0, 0);
     assert_eq!(Capabilities::DURABLE.0, 1);
+    assert_eq!(Capabilities::APPEND_STAMPED.0, 2);
 }
 
 #[test]

@@ -34,6 +34,9 @@ impl Session {
             // authorized) the same.
             return self.start_appends(vec![append.into()]).await;
         }
+        if let Request::AppendStamped(append) = request {
+            return self.start_appends(vec![append.into()]).await;
+        }
         self.authorize(&request)?;
         match request {
             Request::DurableAck(ack) => self.start_ack(ack),
@@ -258,10 +261,12 @@ impl Session {
                 self.send_all(parts::checkpoints_full(list, self.max_frame_len())?)
                     .await
             }
-            Request::Append(_) | Request::DurableAck(_) => Err(Refusal::new(
+            Request::Append(_) | Request::AppendStamped(_) | Request::DurableAck(_) => {
+                Err(Refusal::new(
                 ErrorCode::INTERNAL,
                 "pipelined request reached the control path",
-            )),
+                ))
+            }
         }
     }
 
