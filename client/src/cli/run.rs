@@ -7,8 +7,8 @@
 //! because the daemon's is unrelated. Without it the worker runs in the
 //! daemon's. `--env` adds variables to the worker's environment; the first
 //! `=` separates name and value. With `--attach` the command then follows
-//! the execution until it ends (see [`super::attach`]) and exits 0 only if
-//! it completed.
+//! the execution until it ends (see [`super::attach`]) and exits with its
+//! worker's exit code.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -55,8 +55,8 @@ pub struct RunArgs {
     #[arg(long = "env", value_name = "K=V", value_parser = env_pair)]
     env: Vec<(String, String)>,
 
-    /// Follow the worker's output until the execution ends; exit 0 only if
-    /// it completed.
+    /// Follow the worker's output until the execution ends; exit with the
+    /// worker's exit code.
     #[arg(long)]
     attach: bool,
 
@@ -84,7 +84,7 @@ pub async fn run(ctx: &Context, args: RunArgs) -> Result<u8> {
     if !write_stdout(line.as_bytes())? || !attach {
         return Ok(EXIT_OK);
     }
-    attach::follow(ctx, &id).await
+    Ok(attach::exit_of(attach::follow(ctx, &id, None).await))
 }
 
 /// Sends `Run` once, on one session: it is not idempotent, so a session
