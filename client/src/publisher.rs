@@ -579,7 +579,11 @@ fn max_payload(stream: &str, producer: &str, connector: &Connector) -> Result<us
         ts_micros: Some(u64::MAX),
     };
     // Stamped with the widest time: the longer of the two requests.
-    encode_into(&append(stream, producer, &empty, true), &mut buf, usize::MAX)?;
+    encode_into(
+        &append(stream, producer, &empty, true),
+        &mut buf,
+        usize::MAX,
+    )?;
     // The buffer holds the 4-byte length prefix, then the body whose last
     // byte is the empty payload's length varint. Every kind encodes as one
     // byte, so the kind does not change the overhead.

@@ -12,7 +12,10 @@ use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::{AppendStampedView, AppendView, Error, FrameView, Message, Request, Response, DEFAULT_MAX_FRAME_LEN};
+use crate::{
+    AppendStampedView, AppendView, Error, FrameView, Message, Request, Response,
+    DEFAULT_MAX_FRAME_LEN,
+};
 
 /// Encodes `Out` and decodes `In`, each as one length-delimited frame.
 #[derive(Debug)]
@@ -228,11 +231,8 @@ pub fn decode_any_append_view(body: &[u8]) -> Result<Option<(AppendView<'_>, Opt
         Ok((Request::APPEND_KIND, rest)) => {
             take_whole(rest, short_type_name::<Request>).map(|view| Some((view, None)))
         }
-        Ok((Request::APPEND_STAMPED_KIND, rest)) => {
-            take_whole(rest, short_type_name::<Request>).map(|view: AppendStampedView<'_>| {
-                Some((view.append(), Some(view.ts_micros)))
-            })
-        }
+        Ok((Request::APPEND_STAMPED_KIND, rest)) => take_whole(rest, short_type_name::<Request>)
+            .map(|view: AppendStampedView<'_>| Some((view.append(), Some(view.ts_micros)))),
         _ => Ok(None),
     }
 }

@@ -22,9 +22,10 @@ use std::fmt::Debug;
 use bytes::{Bytes, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 use tether_protocol::{
-    Append, AppendStamped, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck, DurableResume,
-    ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Message, Request, Response,
-    ServerCodec, StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed, PROTOCOL_VERSION,
+    Append, AppendStamped, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck,
+    DurableResume, ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Message, Request,
+    Response, ServerCodec, StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed,
+    PROTOCOL_VERSION,
 };
 use tether_protocol::{
     Checkpoint, CheckpointFull, CheckpointMeta, CheckpointSave, CheckpointSaveFull, StepInfo,

@@ -23,8 +23,7 @@ use clap::Args;
 use tether::error::{EXIT_NOT_FOUND, EXIT_NOT_STARTED, EXIT_OK, EXIT_TETHER_FAILED};
 use tether::{Connector, Error, Event, Link, Result, Start, SubscribeOptions, Subscriber};
 use tether_protocol::{
-    find_execution, ErrorCode, ExecState, ExecutionInfo, ExitStatus, Frame, FrameKind, Request,
-    Response,
+    find_execution, ErrorCode, ExecState, ExecutionInfo, ExitStatus, Frame, Request, Response,
 };
 
 use tether::subscriber::gap_message;
@@ -291,12 +290,7 @@ impl Printer {
 
     /// Gathers one frame. `false` when stdout is closed.
     fn frame(&mut self, seq: u64, frame: &Frame) -> Result<bool> {
-        // Lifecycle events are tether's own words, not the worker's
-        // output: on stderr, marked.
-        let (target, prefix): (Target, &[u8]) = match (self.json, frame.kind) {
-            (false, FrameKind::Event) => (Target::Stderr, b"tether: "),
-            (json, kind) => (output::target_of(json, kind), b""),
-        };
+        let (target, prefix) = output::placement(self.json, frame.kind);
         if target != self.target || self.out.len() >= FLUSH_AT {
             if !self.flush()? {
                 return Ok(false);
@@ -325,6 +319,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use tether_protocol::FrameKind;
 
     #[test]
     fn only_repeated_failures_are_final() {

@@ -1,7 +1,8 @@
 //! How `tether tail` prints frames.
 //!
-//! Plain: the payload and a newline, bytes as stored; `stderr` frames go
-//! to stderr, every other kind to stdout ([`target_of`]). With
+//! Plain: the payload and a newline, bytes as stored; `stderr` frames and
+//! lifecycle events go to stderr, every other kind to stdout
+//! ([`placement`]). With
 //! `-t/--timestamps` each line starts with the frame's time and a space
 //! ([`push_timestamp`]).
 //!
@@ -26,12 +27,15 @@ pub enum Target {
     Stderr,
 }
 
-/// Where a frame of `kind` goes: plain `stderr` lines to stderr, as the
-/// worker wrote them; everything else, and every `--json` line, to stdout.
-pub fn target_of(json: bool, kind: FrameKind) -> Target {
+/// Where a frame of `kind` goes, and what precedes it there: plain
+/// `stderr` lines to stderr, as the worker wrote them; lifecycle events,
+/// which are tether's words and not the worker's output, to stderr marked
+/// `tether: `; everything else, and every `--json` line, to stdout.
+pub fn placement(json: bool, kind: FrameKind) -> (Target, &'static [u8]) {
     match (json, kind) {
-        (false, FrameKind::Stderr) => Target::Stderr,
-        _ => Target::Stdout,
+        (false, FrameKind::Stderr) => (Target::Stderr, b""),
+        (false, FrameKind::Event) => (Target::Stderr, b"tether: "),
+        _ => (Target::Stdout, b""),
     }
 }
 
@@ -167,11 +171,27 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_stderr_lines_go_to_stderr() {
-        assert_eq!(target_of(false, FrameKind::Stderr), Target::Stderr);
-        assert_eq!(target_of(false, FrameKind::Stdout), Target::Stdout);
-        assert_eq!(target_of(false, FrameKind::Event), Target::Stdout);
-        assert_eq!(target_of(true, FrameKind::Stderr), Target::Stdout);
+    fn plain_stderr_lines_and_events_go_to_stderr() {
+        assert_eq!(
+            placement(false, FrameKind::Stderr),
+            (Target::Stderr, &b""[..])
+        );
+        assert_eq!(
+            placement(false, FrameKind::Stdout),
+            (Target::Stdout, &b""[..])
+        );
+        assert_eq!(
+            placement(false, FrameKind::Data),
+            (Target::Stdout, &b""[..])
+        );
+        assert_eq!(
+            placement(false, FrameKind::Event),
+            (Target::Stderr, &b"tether: "[..])
+        );
+        assert_eq!(
+            placement(true, FrameKind::Event),
+            (Target::Stdout, &b""[..])
+        );
     }
 
     #[test]

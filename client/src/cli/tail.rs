@@ -17,7 +17,8 @@
 //! printed, the cursor file and the consumer's ack are brought up to date,
 //! and it exits 0.
 //!
-//! Plain `stderr` frames go to stderr, the rest to stdout; `-t` puts each
+//! Plain `stderr` frames go to stderr, lifecycle events too (marked
+//! `tether: `), the rest to stdout; `-t` puts each
 //! frame's time in front of it. `--since` and `--until` take a time or an
 //! age and leave out frames dated outside them; with `-f` the first frame
 //! past `--until` ends the command.
@@ -272,7 +273,10 @@ impl Printer {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ended: Option<ExecutionInfo> = None;
         loop {
-            if ended.as_ref().is_some_and(|e| self.seen >= e.stream_last_seq) {
+            if ended
+                .as_ref()
+                .is_some_and(|e| self.seen >= e.stream_last_seq)
+            {
                 return Ok(());
             }
             let next = tokio::select! {
@@ -322,7 +326,7 @@ impl Printer {
                         false => Flow::More,
                     });
                 }
-                let target = output::target_of(self.json, frame.kind);
+                let (target, prefix) = output::placement(self.json, frame.kind);
                 if target != self.target {
                     // Written in stream order for someone watching both.
                     if self.save(sub)? == Flow::Done {
@@ -333,6 +337,7 @@ impl Printer {
                 if self.timestamps && !self.json {
                     output::push_timestamp(&mut self.out, &frame);
                 }
+                self.out.extend_from_slice(prefix);
                 output::push_frame(&mut self.out, self.json, &self.stream, seq, &frame);
                 self.unsaved = Some(seq);
                 self.printed += 1;

@@ -263,8 +263,8 @@ impl Session {
             }
             Request::Append(_) | Request::AppendStamped(_) | Request::DurableAck(_) => {
                 Err(Refusal::new(
-                ErrorCode::INTERNAL,
-                "pipelined request reached the control path",
+                    ErrorCode::INTERNAL,
+                    "pipelined request reached the control path",
                 ))
             }
         }

@@ -38,6 +38,7 @@ mod signals;
 mod single_instance;
 mod slow_reader;
 mod step_cli;
+mod tail_reading;
 mod supervise_bad_input;
 mod supervise_lost;
 mod supervise_output;

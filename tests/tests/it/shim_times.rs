@@ -20,7 +20,10 @@ fn lines_printed_while_the_daemon_is_down_keep_the_times_they_were_read() {
     let id = sup.run_sh(&["--restart", "never"], script);
     sup.wait_running(&id, STEP_TIMEOUT);
     let status = sup.daemon().terminate();
-    assert!(status.success(), "tetherd exited with {status:?} on SIGTERM");
+    assert!(
+        status.success(),
+        "tetherd exited with {status:?} on SIGTERM"
+    );
 
     std::fs::write(sup.sb().file("go"), b"").unwrap();
     let done = sup.sb().file("done");
