@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod attach_wait;
 mod bad_input;
 mod checkpoint_agent;
 mod checkpoint_cli;
