@@ -29,6 +29,7 @@ mod local_security;
 mod local_security_admission;
 mod local_security_client;
 mod local_security_memory;
+mod names;
 mod publish_tail;
 mod remote_access;
 mod remote_ssh;
