@@ -518,4 +518,3 @@ fn named_execution(request: &mut Request) -> Option<&mut String> {
         _ => None,
     }
 }
-

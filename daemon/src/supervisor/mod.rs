@@ -340,9 +340,7 @@ impl Supervisor {
         if slots.contains_key(key) {
             return key.to_owned();
         }
-        let found = tether_protocol::find_execution(slots.iter(), key, |(id, slot)| {
-            slot.named(id)
-        });
+        let found = tether_protocol::find_execution(slots.iter(), key, |(id, slot)| slot.named(id));
         found.map_or_else(|| key.to_owned(), |(id, _)| id.clone())
     }
 

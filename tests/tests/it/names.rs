@@ -80,8 +80,9 @@ fn a_run_with_the_name_of_a_live_execution_is_refused() {
     let out = sup.sb().run(&["run", "--name", "web", "--", "true"]);
     out.assert_code(1);
     assert!(
-        out.stderr
-            .contains(&format!("execution {web} is already running with the name \"web\"")),
+        out.stderr.contains(&format!(
+            "execution {web} is already running with the name \"web\""
+        )),
         "{}",
         out.stderr
     );
@@ -109,7 +110,10 @@ fn of_four_runs_racing_for_a_name_one_starts() {
     for mut racer in racers {
         let status = racer.wait(TIMEOUT);
         codes.push(status.code());
-        if racer.stderr().contains("already running with the name \"race\"") {
+        if racer
+            .stderr()
+            .contains("already running with the name \"race\"")
+        {
             refusals += 1;
         }
     }

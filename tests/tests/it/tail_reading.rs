@@ -29,7 +29,9 @@ fn dated(sb: &Sandbox, stream: &str) -> Vec<(String, String)> {
 
 /// The lines of `text` that are not tether's own (lifecycle events).
 fn worker_lines(text: &str) -> Vec<&str> {
-    text.lines().filter(|l| !l.starts_with("tether: ")).collect()
+    text.lines()
+        .filter(|l| !l.starts_with("tether: "))
+        .collect()
 }
 
 #[test]
@@ -120,7 +122,8 @@ fn a_bad_time_is_a_usage_error_naming_what_is_accepted() {
     let out = sb.run(&["tail", "log", "--since", "yesterday"]);
     out.assert_code(2);
     assert!(
-        out.stderr.contains("2026-11-25T10:00:00Z or an age like 10m"),
+        out.stderr
+            .contains("2026-11-25T10:00:00Z or an age like 10m"),
         "{}",
         out.stderr
     );
