@@ -322,6 +322,38 @@ mod tests {
     use tether_protocol::FrameKind;
 
     #[test]
+    fn exit_codes_report_the_workers_last_end_as_a_shell_would() {
+        let info = |state, last_exit| ExecutionInfo {
+            id: "e".into(),
+            name: None,
+            state,
+            pid: None,
+            attempt: 1,
+            restarts: 0,
+            command: vec![],
+            restart: tether_protocol::RestartPolicy::Never,
+            last_exit,
+            reason: None,
+            created_micros: 0,
+            stream_last_seq: 0,
+            last_checkpoint: None,
+        };
+        let code = |state, last_exit| exit_code(&info(state, last_exit));
+        assert_eq!(code(ExecState::Completed, Some(ExitStatus::Code(0))), 0);
+        assert_eq!(code(ExecState::Failed, Some(ExitStatus::Code(3))), 3);
+        assert_eq!(code(ExecState::Failed, Some(ExitStatus::Signal(9))), 137);
+        assert_eq!(
+            code(ExecState::Cancelled, Some(ExitStatus::Signal(15))),
+            143
+        );
+        let spawn = ExitStatus::SpawnFailed("no such file".into());
+        assert_eq!(code(ExecState::Failed, Some(spawn)), 127);
+        assert_eq!(code(ExecState::Cancelled, None), 127);
+        assert_eq!(code(ExecState::Lost, Some(ExitStatus::Code(0))), 125);
+        assert_eq!(code(ExecState::Failed, Some(ExitStatus::Code(-1))), 125);
+    }
+
+    #[test]
     fn only_repeated_failures_are_final() {
         assert!(settled(ExecState::Completed, false));
         assert!(settled(ExecState::Cancelled, false));

@@ -434,6 +434,21 @@ mod tests {
     }
 
     #[test]
+    fn since_and_until_take_a_time_or_an_age() {
+        assert_eq!(when("1970-01-01T00:00:01Z"), Ok(When::At(1_000_000)));
+        assert_eq!(when("1970-01-01T00:00:01.5Z"), Ok(When::At(1_500_000)));
+        assert_eq!(when("10m"), Ok(When::Ago(Duration::from_secs(600))));
+        assert_eq!(when("2h"), Ok(When::Ago(Duration::from_secs(7200))));
+        assert!(when("soon").is_err());
+        let now = UNIX_EPOCH + Duration::from_secs(3600);
+        assert_eq!(
+            When::Ago(Duration::from_secs(600)).micros(now),
+            3_000_000_000
+        );
+        assert_eq!(When::Ago(Duration::from_secs(7200)).micros(now), 0);
+    }
+
+    #[test]
     fn the_start_follows_the_documented_precedence() {
         assert_eq!(start_of(&args(&[]), None), Start::Oldest);
         assert_eq!(

@@ -230,3 +230,34 @@ pub struct ShimSpec {
     /// Longest line kept as one frame; longer lines are split.
     pub max_line: u32,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(id: &'static str, name: &'static str, ended: bool, at: u64) -> Named<'static> {
+        Named {
+            id,
+            name: Some(name),
+            ended,
+            created_micros: at,
+        }
+    }
+
+    fn find(items: &[Named<'static>], key: &str) -> Option<&'static str> {
+        find_execution(items.iter(), key, |n| **n).map(|n| n.id)
+    }
+
+    #[test]
+    fn an_id_wins_then_the_live_one_then_the_newest_ended_one() {
+        let ended_old = named("a1", "job", true, 1);
+        let ended_new = named("a2", "job", true, 2);
+        let live = named("a3", "job", false, 0);
+        let id_named_job = named("job", "other", true, 0);
+        assert_eq!(find(&[ended_new, ended_old], "job"), Some("a2"));
+        assert_eq!(find(&[ended_old, live, ended_new], "job"), Some("a3"));
+        assert_eq!(find(&[live, id_named_job], "job"), Some("job"));
+        assert_eq!(find(&[live], "a1"), None);
+        assert_eq!(find(&[ended_old], "a1"), Some("a1"));
+    }
+}
