@@ -99,3 +99,19 @@ fn wait_blocks_until_each_has_ended_and_exits_like_the_last() {
     sup.sb().run(&["wait", &five, &zero]).assert_code(0);
     sup.sb().run(&["wait", "no-such-execution"]).assert_code(3);
 }
+
+#[test]
+fn attach_with_n_starts_at_the_last_frames_and_follows() {
+    let sup = Supervised::start();
+    let id = sup.run_sh(
+        &["--restart", "never"],
+        "echo a; echo b; echo c; while [ ! -e go ]; do sleep 0.05; done; echo d",
+    );
+    sup.wait_line(&id, "c", TIMEOUT);
+    let mut attach = sup.sb().spawn("attach", &["attach", &id, "-n", "2"]);
+    // "b\nc\n" printed before the worker goes on.
+    attach.wait_stdout_len(4, TIMEOUT);
+    std::fs::write(sup.sb().file("go"), b"").unwrap();
+    attach.assert_exit(0, TIMEOUT);
+    assert_eq!(attach.stdout(), "b\nc\nd\n");
+}
