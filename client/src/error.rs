@@ -16,6 +16,12 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_NOT_FOUND: u8 = 3;
 /// Exit code: the daemon could not be reached within the retry window.
 pub const EXIT_UNREACHABLE: u8 = 4;
+/// `attach`, `run --attach` and `wait`: tether itself failed, or the
+/// execution was `lost` (as `docker run` uses 125).
+pub const EXIT_TETHER_FAILED: u8 = 125;
+/// `attach`, `run --attach` and `wait`: the worker never started (as a
+/// shell's 127 for a command not found).
+pub const EXIT_NOT_STARTED: u8 = 127;
 
 /// Everything that can go wrong in the client library and the CLI.
 #[derive(Debug, thiserror::Error)]

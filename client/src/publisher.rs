@@ -24,7 +24,10 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 use tether_protocol::codec::encode_into;
-use tether_protocol::{max_payload_len, validate_name, Append, FrameKind, Request, Response};
+use tether_protocol::{
+    max_payload_len, validate_name, Append, AppendStamped, Capabilities, FrameKind, Request,
+    Response,
+};
 
 use crate::conn::{unexpected, Connection, Connector, Link};
 use crate::error::{Error, Result};
@@ -94,6 +97,8 @@ struct Unacked {
     producer_seq: u64,
     kind: FrameKind,
     payload: Bytes,
+    /// When the producer read the frame, sent to a daemon that takes it.
+    ts_micros: Option<u64>,
 }
 
 /// Publishes frames to one stream as one producer. See the module docs.
@@ -211,7 +216,7 @@ impl Publisher {
         while self.window_full(payload.len()) {
             self.pump().await?;
         }
-        let buffered = self.enqueue(producer_seq, kind, payload)?;
+        let buffered = self.enqueue(producer_seq, kind, payload, None)?;
         if buffered >= WRITE_CHUNK {
             self.send().await?;
         }
@@ -224,7 +229,23 @@ impl Publisher {
     /// [`Publisher::progress`], [`Publisher::send`] or [`Publisher::flush`].
     pub fn push(&mut self, producer_seq: u64, kind: FrameKind, payload: Bytes) -> Result<()> {
         self.check(producer_seq, &payload)?;
-        self.enqueue(producer_seq, kind, payload)?;
+        self.enqueue(producer_seq, kind, payload, None)?;
+        Ok(())
+    }
+
+    /// [`Publisher::push`] with the time the frame was read (microseconds
+    /// since the Unix epoch), which the daemon stores as the frame's time
+    /// when it takes stamped appends. A frame resent after an outage keeps
+    /// it, so lines read while the daemon was down keep their own times.
+    pub fn push_stamped(
+        &mut self,
+        producer_seq: u64,
+        kind: FrameKind,
+        payload: Bytes,
+        ts_micros: u64,
+    ) -> Result<()> {
+        self.check(producer_seq, &payload)?;
+        self.enqueue(producer_seq, kind, payload, Some(ts_micros))?;
         Ok(())
     }
 
@@ -320,13 +341,20 @@ impl Publisher {
 
     /// Adds a checked frame to the window and, on a ready session, to the
     /// write buffer. Returns the bytes now waiting in the write buffer.
-    fn enqueue(&mut self, producer_seq: u64, kind: FrameKind, payload: Bytes) -> Result<usize> {
+    fn enqueue(
+        &mut self,
+        producer_seq: u64,
+        kind: FrameKind,
+        payload: Bytes,
+        ts_micros: Option<u64>,
+    ) -> Result<usize> {
         self.last_producer_seq = producer_seq;
         self.pending_bytes += payload.len();
         self.pending.push_back(Unacked {
             producer_seq,
             kind,
             payload,
+            ts_micros,
         });
         if self.phase != Phase::Ready {
             // The frame waits in the window and is sent once a session is
@@ -342,7 +370,8 @@ impl Publisher {
         } = self;
         match (link.connection(), pending.back()) {
             (Some(conn), Some(frame)) => {
-                conn.queue(&append(stream, producer, frame))?;
+                let stamped = takes_stamps(conn);
+                conn.queue(&append(stream, producer, frame, stamped))?;
                 Ok(conn.unwritten())
             }
             _ => Ok(0),
@@ -421,8 +450,9 @@ impl Publisher {
             ..
         } = self;
         if let Some(conn) = link.connection() {
+            let stamped = takes_stamps(conn);
             for frame in pending.iter() {
-                conn.queue(&append(stream, producer, frame))?;
+                conn.queue(&append(stream, producer, frame, stamped))?;
             }
             self.phase = Phase::Ready;
             self.sessions += 1;
@@ -508,7 +538,26 @@ async fn await_answer(
     }
 }
 
-fn append(stream: &str, producer: &str, frame: &Unacked) -> Request {
+/// Whether the daemon of `conn` takes [`Request::AppendStamped`].
+fn takes_stamps(conn: &Connection) -> bool {
+    conn.hello()
+        .capabilities
+        .contains(Capabilities::APPEND_STAMPED)
+}
+
+/// The request that sends `frame`: stamped with its time when it has one
+/// and the daemon takes it (`stamped`), else a plain append.
+fn append(stream: &str, producer: &str, frame: &Unacked, stamped: bool) -> Request {
+    if let (Some(ts_micros), true) = (frame.ts_micros, stamped) {
+        return Request::AppendStamped(AppendStamped {
+            stream: stream.to_owned(),
+            producer: producer.to_owned(),
+            producer_seq: frame.producer_seq,
+            kind: frame.kind,
+            payload: frame.payload.clone(),
+            ts_micros,
+        });
+    }
     Request::Append(Append {
         stream: stream.to_owned(),
         producer: producer.to_owned(),
@@ -527,8 +576,14 @@ fn max_payload(stream: &str, producer: &str, connector: &Connector) -> Result<us
         producer_seq: u64::MAX,
         kind: FrameKind::Data,
         payload: Bytes::new(),
+        ts_micros: Some(u64::MAX),
     };
-    encode_into(&append(stream, producer, &empty), &mut buf, usize::MAX)?;
+    // Stamped with the widest time: the longer of the two requests.
+    encode_into(
+        &append(stream, producer, &empty, true),
+        &mut buf,
+        usize::MAX,
+    )?;
     // The buffer holds the 4-byte length prefix, then the body whose last
     // byte is the empty payload's length varint. Every kind encodes as one
     // byte, so the kind does not change the overhead.
@@ -567,8 +622,9 @@ mod tests {
             producer_seq: u64::MAX,
             kind: FrameKind::Stderr,
             payload: Bytes::from(vec![b'x'; max]),
+            ts_micros: Some(u64::MAX),
         };
-        encode_into(&append("s", "p", &big), &mut buf, 4096).unwrap();
+        encode_into(&append("s", "p", &big, true), &mut buf, 4096).unwrap();
         // What the daemon takes: the maximum less the fixed envelope.
         assert_eq!(max, 4096 - tether_protocol::FRAME_ENVELOPE);
     }

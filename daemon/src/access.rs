@@ -287,6 +287,7 @@ pub fn is_control(request: &Request) -> bool {
             | Request::StepClear { .. }
             | Request::CheckpointSaveFull(_)
             | Request::Append(_)
+            | Request::AppendStamped(_)
             | Request::DurableAck(_)
     )
 }

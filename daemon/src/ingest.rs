@@ -38,10 +38,12 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tether_protocol::codec::{
-    complete_frame_len, declared_frame_len, decode_append_view, decode_wire_message, peek_kind,
+    complete_frame_len, declared_frame_len, decode_any_append_view, decode_wire_message, peek_kind,
     reserve_for_frame, truncated, PREFIX_LEN,
 };
-use tether_protocol::{validate_name, Append, AppendView, Error, FrameKind, Request};
+use tether_protocol::{
+    validate_name, Append, AppendStamped, AppendView, Error, FrameKind, Request,
+};
 use tokio::net::unix::OwnedReadHalf;
 use tokio::time::{Instant, Sleep};
 use tokio_util::codec::Decoder;
@@ -67,6 +69,9 @@ pub struct IngestAppend {
     pub kind: FrameKind,
     /// A slice of a buffer shared with the other appends of its run.
     pub payload: Bytes,
+    /// When the producer read the frame (an `AppendStamped`); `None` for a
+    /// plain append, stamped with the daemon's time of the commit.
+    pub ts_micros: Option<u64>,
 }
 
 impl From<Append> for IngestAppend {
@@ -77,6 +82,20 @@ impl From<Append> for IngestAppend {
             producer_seq: a.producer_seq,
             kind: a.kind,
             payload: a.payload,
+            ts_micros: None,
+        }
+    }
+}
+
+impl From<AppendStamped> for IngestAppend {
+    fn from(a: AppendStamped) -> Self {
+        Self {
+            stream: a.stream.into(),
+            producer: a.producer.into(),
+            producer_seq: a.producer_seq,
+            kind: a.kind,
+            payload: a.payload,
+            ts_micros: Some(a.ts_micros),
         }
     }
 }
@@ -144,13 +163,13 @@ impl SessionCodec {
     /// bytes they took. Stops before the first frame that is incomplete,
     /// is not an append or is bad: the next call starts with it (so a bad
     /// frame fails on its own, after the good ones before it are served).
-    fn views<'a>(&self, src: &'a [u8]) -> Result<(Vec<AppendView<'a>>, usize), Error> {
+    fn views<'a>(&self, src: &'a [u8]) -> Result<(Vec<Stamped<'a>>, usize), Error> {
         let mut views = Vec::new();
         let (mut taken, mut bytes) = (0, 0);
         while views.len() < MAX_BATCH_FRAMES && bytes < MAX_BATCH_BYTES {
             match next_append(&src[taken..], self.max_frame_len) {
                 Ok(Some((view, len))) => {
-                    bytes += view.payload.len();
+                    bytes += view.0.payload.len();
                     taken += len;
                     views.push(view);
                 }
@@ -164,28 +183,30 @@ impl SessionCodec {
 
     /// Owned appends from `views`: names shared, payloads copied into one
     /// buffer per run of one stream.
-    fn own(&mut self, views: &[AppendView<'_>]) -> Vec<IngestAppend> {
+    fn own(&mut self, views: &[Stamped<'_>]) -> Vec<IngestAppend> {
         let mut appends = Vec::with_capacity(views.len());
         let mut rest = views;
-        while let Some(first) = rest.first() {
+        while let Some((first, _)) = rest.first() {
             let run_len = rest
                 .iter()
-                .position(|v| v.stream != first.stream)
+                .position(|(v, _)| v.stream != first.stream)
                 .unwrap_or(rest.len());
             let (run, after) = rest.split_at(run_len);
             rest = after;
-            let mut buffer = BytesMut::with_capacity(run.iter().map(|v| v.payload.len()).sum());
-            for v in run {
+            let mut buffer =
+                BytesMut::with_capacity(run.iter().map(|(v, _)| v.payload.len()).sum());
+            for (v, _) in run {
                 buffer.extend_from_slice(v.payload);
             }
             let mut payloads = buffer.freeze();
-            for v in run {
+            for &(v, ts_micros) in run {
                 appends.push(IngestAppend {
                     stream: shared(&mut self.stream, v.stream),
                     producer: shared(&mut self.producer, v.producer),
                     producer_seq: v.producer_seq,
                     kind: v.kind,
                     payload: payloads.split_to(v.payload.len()),
+                    ts_micros,
                 });
             }
         }
@@ -193,13 +214,17 @@ impl SessionCodec {
     }
 }
 
-/// The append at the front of `src` and its length on the wire; `Ok(None)`
-/// when the first frame is incomplete or is another request.
-fn next_append(src: &[u8], max_frame_len: usize) -> Result<Option<(AppendView<'_>, usize)>, Error> {
+/// An append read in place, with its producer's time when it was stamped.
+type Stamped<'a> = (AppendView<'a>, Option<u64>);
+
+/// The append (plain or stamped) at the front of `src` and its length on
+/// the wire; `Ok(None)` when the first frame is incomplete or is another
+/// request.
+fn next_append(src: &[u8], max_frame_len: usize) -> Result<Option<(Stamped<'_>, usize)>, Error> {
     let Some(len) = complete_frame_len(src, max_frame_len)? else {
         return Ok(None);
     };
-    Ok(decode_append_view(&src[PREFIX_LEN..len])?.map(|view| (view, len)))
+    Ok(decode_any_append_view(&src[PREFIX_LEN..len])?.map(|view| (view, len)))
 }
 
 /// `name` as the `Arc` in `newest` when it is that name; otherwise as a new

@@ -12,7 +12,10 @@ use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::{AppendView, Error, FrameView, Message, Request, Response, DEFAULT_MAX_FRAME_LEN};
+use crate::{
+    AppendStampedView, AppendView, Error, FrameView, Message, Request, Response,
+    DEFAULT_MAX_FRAME_LEN,
+};
 
 /// Encodes `Out` and decodes `In`, each as one length-delimited frame.
 #[derive(Debug)]
@@ -217,6 +220,19 @@ pub fn decode_wire_message<T: Message>(body: &[u8]) -> Result<T, Error> {
 pub fn decode_append_view(body: &[u8]) -> Result<Option<AppendView<'_>>, Error> {
     match postcard::take_from_bytes::<u32>(body) {
         Ok((Request::APPEND_KIND, rest)) => take_whole(rest, short_type_name::<Request>).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// [`decode_append_view`] for both kinds of append: an `Append`, or an
+/// `AppendStamped` with its time. `Ok(None)` for any other request.
+pub fn decode_any_append_view(body: &[u8]) -> Result<Option<(AppendView<'_>, Option<u64>)>, Error> {
+    match postcard::take_from_bytes::<u32>(body) {
+        Ok((Request::APPEND_KIND, rest)) => {
+            take_whole(rest, short_type_name::<Request>).map(|view| Some((view, None)))
+        }
+        Ok((Request::APPEND_STAMPED_KIND, rest)) => take_whole(rest, short_type_name::<Request>)
+            .map(|view: AppendStampedView<'_>| Some((view.append(), Some(view.ts_micros)))),
         _ => Ok(None),
     }
 }

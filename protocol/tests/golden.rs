@@ -22,9 +22,10 @@ use std::fmt::Debug;
 use bytes::{Bytes, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 use tether_protocol::{
-    Append, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck, DurableResume,
-    ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Message, Request, Response,
-    ServerCodec, StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed, PROTOCOL_VERSION,
+    Append, AppendStamped, Appended, Capabilities, ClientCodec, ConsumerInfo, Durable, DurableAck,
+    DurableResume, ErrorCode, ErrorFrame, Frame, FrameKind, Gap, Hello, HelloOk, Message, Request,
+    Response, ServerCodec, StartAt, StatusInfo, StreamInfo, Subscribe, Subscribed,
+    PROTOCOL_VERSION,
 };
 use tether_protocol::{
     Checkpoint, CheckpointFull, CheckpointMeta, CheckpointSave, CheckpointSaveFull, StepInfo,
@@ -40,6 +41,36 @@ use tokio_util::codec::{Decoder, Encoder};
 const FROZEN_VERSION: u32 = 1;
 
 fn request_fixtures() -> Vec<(Request, &'static str)> {
+    let mut fixtures = older_request_fixtures();
+    fixtures.extend(append_stamped_fixtures());
+    fixtures
+}
+
+/// `AppendStamped`: an append's fields, then the producer's time.
+fn append_stamped_fixtures() -> Vec<(Request, &'static str)> {
+    vec![(
+        Request::AppendStamped(AppendStamped {
+            stream: "s".into(),
+            producer: "p".into(),
+            producer_seq: 3,
+            kind: FrameKind::Stderr,
+            payload: Bytes::from_static(b"hi"),
+            ts_micros: 300,
+        }),
+        "0000000c 1b 0173 0170 03 02 026869 ac02",
+    )]
+}
+
+#[test]
+fn append_stamped_encodes_to_its_golden_bytes() {
+    check_fixtures(
+        append_stamped_fixtures(),
+        ClientCodec::new(),
+        ServerCodec::new(),
+    );
+}
+
+fn older_request_fixtures() -> Vec<(Request, &'static str)> {
     vec![
         (
             Request::Hello(Hello {
@@ -609,10 +640,11 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::CheckpointListFull { .. } => "CheckpointListFull",
         Request::RunFull(_) => "RunFull",
         Request::ListExecutionsFull { .. } => "ListExecutionsFull",
+        Request::AppendStamped(_) => "AppendStamped",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 27] = [
+const ALL_REQUEST_VARIANTS: [&str; 28] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -640,6 +672,7 @@ const ALL_REQUEST_VARIANTS: [&str; 27] = [
     "CheckpointListFull",
     "RunFull",
     "ListExecutionsFull",
+    "AppendStamped",
 ];
 
 /// See [`request_variant`].
@@ -905,6 +938,7 @@ fn error_codes_and_capability_bits_keep_their_numbers() {
     assert_eq!(ErrorCode(13).name(), "unknown");
     assert_eq!(Capabilities::NONE.0, 0);
     assert_eq!(Capabilities::DURABLE.0, 1);
+    assert_eq!(Capabilities::APPEND_STAMPED.0, 2);
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! `tether run --attach`: follow an execution's stream until it ends.
+//! `tether attach ID [-n N]` and `run --attach`: follow an execution's
+//! stream until it ends.
 //!
 //! Frames are printed as they come: `stdout` (and `data`) lines to stdout,
 //! `stderr` lines to stderr, lifecycle `event` frames to stderr prefixed
@@ -10,31 +11,83 @@
 //! does. Meanwhile the execution's state is polled every [`POLL`]. Once it
 //! is final, everything through the stream's last seq at that moment is
 //! printed (the final lifecycle frame is stored with the final state), and
-//! the exit code is 0 for `completed`, 1 otherwise.
+//! the exit code is the worker's last one ([`exit_code`]).
 //!
 //! `failed` and `lost` are final only when no restart follows, which one
 //! look cannot tell: the daemon may be about to move on to `backoff`. They
 //! count as final once two polls in a row see the same attempt in them.
 
-use std::io::Write;
 use std::time::Duration;
 
-use tether::error::{EXIT_ERROR, EXIT_OK};
+use clap::Args;
+use tether::error::{EXIT_NOT_FOUND, EXIT_NOT_STARTED, EXIT_OK, EXIT_TETHER_FAILED};
 use tether::{Connector, Error, Event, Link, Result, Start, SubscribeOptions, Subscriber};
-use tether_protocol::{ErrorCode, ExecState, ExecutionInfo, Frame, FrameKind, Request, Response};
+use tether_protocol::{
+    find_execution, ErrorCode, ExecState, ExecutionInfo, ExitStatus, Frame, Request, Response,
+};
 
 use tether::subscriber::gap_message;
 
-use super::{output, write_stdout, Context};
+use super::output::{self, Target};
+use super::Context;
 
 /// How often the execution's state is polled.
 pub const POLL: Duration = Duration::from_millis(250);
 /// Output gathered before it is written even if more frames are ready.
 const FLUSH_AT: usize = 64 * 1024;
 
-/// Follows execution `id` until it ends; returns the exit code.
-pub async fn follow(ctx: &Context, id: &str) -> Result<u8> {
-    let connector = ctx.connector("run --attach");
+/// Arguments of `tether attach`.
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The execution: its id, or its name (`run --name`).
+    #[arg(value_name = "ID")]
+    execution: String,
+
+    /// Start at the last N frames instead of the first.
+    #[arg(short = 'n', value_name = "N")]
+    last: Option<u64>,
+}
+
+/// Runs `tether attach`; returns the exit code.
+pub async fn run(ctx: &Context, args: AttachArgs) -> u8 {
+    let followed = async {
+        let connector = ctx.connector("attach");
+        let info = resolve(&connector, &args.execution).await?;
+        follow(ctx, &info.id, args.last).await
+    };
+    exit_of(followed.await)
+}
+
+/// The exit code of a command that reports a worker's: `result`'s, or,
+/// when tether itself failed, 125 (3 for an execution that does not
+/// exist), after saying why.
+pub fn exit_of(result: Result<u8>) -> u8 {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tether: {e}");
+            match e.exit_code() {
+                EXIT_NOT_FOUND => EXIT_NOT_FOUND,
+                _ => EXIT_TETHER_FAILED,
+            }
+        }
+    }
+}
+
+/// The execution `key` names (an id, else a name; see
+/// [`find_execution`]), or `Error` NOT_FOUND.
+pub async fn resolve(connector: &Connector, key: &str) -> Result<ExecutionInfo> {
+    let list = tether::sdk::executions(connector, true).await?;
+    find_execution(list, key, |e| e.into()).ok_or_else(|| Error::Daemon {
+        code: ErrorCode::NOT_FOUND,
+        message: format!("no such execution: {key:?}"),
+    })
+}
+
+/// Follows execution `id` (from its last `last` frames, or its first)
+/// until it ends; returns the exit code.
+pub async fn follow(ctx: &Context, id: &str, last: Option<u64>) -> Result<u8> {
+    let connector = ctx.connector("attach");
     let mut watch = Watch::new(connector.clone(), id);
     let mut printer = Printer::new(ctx.json, id);
     let mut sub: Option<Subscriber> = None;
@@ -53,7 +106,11 @@ pub async fn follow(ctx: &Context, id: &str) -> Result<u8> {
                     ended = watch.poll().await?;
                 }
                 if sub.is_none() {
-                    sub = open(&connector, id, printer.printed).await?;
+                    let start = match (printer.printed, last) {
+                        (0, Some(n)) => Start::Last(n),
+                        (printed, _) => Start::After(printed),
+                    };
+                    sub = open(&connector, id, start).await?;
                 }
             }
             event = next(&mut sub) => {
@@ -99,12 +156,12 @@ async fn next(sub: &mut Option<Subscriber>) -> Result<Option<Event>> {
     }
 }
 
-/// Subscribes after `printed`, following; `None` while the stream does not
+/// Subscribes at `start`, following; `None` while the stream does not
 /// exist yet.
-async fn open(connector: &Connector, id: &str, printed: u64) -> Result<Option<Subscriber>> {
+async fn open(connector: &Connector, id: &str, start: Start) -> Result<Option<Subscriber>> {
     let options = SubscribeOptions {
         stream: id.to_owned(),
-        start: Start::After(printed),
+        start,
         follow: true,
         consumer: None,
     };
@@ -117,19 +174,34 @@ async fn open(connector: &Connector, id: &str, printed: u64) -> Result<Option<Su
 
 /// Exit code for how the execution ended, with a line on stderr when it
 /// did not complete.
-fn conclude(info: &ExecutionInfo) -> u8 {
-    if info.state == ExecState::Completed {
-        return EXIT_OK;
+pub fn conclude(info: &ExecutionInfo) -> u8 {
+    if info.state != ExecState::Completed {
+        match &info.reason {
+            Some(reason) => eprintln!("tether: {} {}: {reason}", info.id, info.state.as_str()),
+            None => eprintln!("tether: {} {}", info.id, info.state.as_str()),
+        }
     }
-    match &info.reason {
-        Some(reason) => eprintln!("tether: {} {}: {reason}", info.id, info.state.as_str()),
-        None => eprintln!("tether: {} {}", info.id, info.state.as_str()),
+    exit_code(info)
+}
+
+/// The exit code that reports how an ended execution's worker last ended,
+/// as a shell reports a command's: its code, 128+N for signal N, 127 when
+/// it never started, and 125 when tether lost track of it (`lost`).
+pub fn exit_code(info: &ExecutionInfo) -> u8 {
+    if info.state == ExecState::Lost {
+        return EXIT_TETHER_FAILED;
     }
-    EXIT_ERROR
+    match &info.last_exit {
+        Some(ExitStatus::Code(code)) => u8::try_from(*code).unwrap_or(EXIT_TETHER_FAILED),
+        Some(ExitStatus::Signal(n)) => u8::try_from(128 + *n).unwrap_or(EXIT_TETHER_FAILED),
+        Some(ExitStatus::SpawnFailed(_)) => EXIT_NOT_STARTED,
+        None if info.state == ExecState::Completed => EXIT_OK,
+        None => EXIT_NOT_STARTED,
+    }
 }
 
 /// Polls the execution's state on one session, kept open between polls.
-struct Watch {
+pub struct Watch {
     link: Link,
     id: String,
     /// The state and attempt of the previous poll.
@@ -137,7 +209,7 @@ struct Watch {
 }
 
 impl Watch {
-    fn new(connector: Connector, id: &str) -> Self {
+    pub fn new(connector: Connector, id: &str) -> Self {
         Self {
             link: Link::new(connector),
             id: id.to_owned(),
@@ -146,7 +218,7 @@ impl Watch {
     }
 
     /// The execution, once it has ended.
-    async fn poll(&mut self) -> Result<Option<ExecutionInfo>> {
+    pub async fn poll(&mut self) -> Result<Option<ExecutionInfo>> {
         let info = self.fetch().await?;
         let now = (info.state, info.attempt);
         let ended = settled(info.state, self.previous == Some(now));
@@ -193,13 +265,6 @@ fn settled(state: ExecState, repeated: bool) -> bool {
     }
 }
 
-/// Where a frame is printed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Target {
-    Stdout,
-    Stderr,
-}
-
 /// Gathers output per target and writes it in order: switching targets
 /// writes what was gathered for the other one first, so that someone
 /// watching both sees lines in stream order.
@@ -225,12 +290,7 @@ impl Printer {
 
     /// Gathers one frame. `false` when stdout is closed.
     fn frame(&mut self, seq: u64, frame: &Frame) -> Result<bool> {
-        let (target, prefix): (Target, &[u8]) = match (self.json, frame.kind) {
-            (true, _) => (Target::Stdout, b""),
-            (false, FrameKind::Stdout | FrameKind::Data | FrameKind::User) => (Target::Stdout, b""),
-            (false, FrameKind::Stderr) => (Target::Stderr, b""),
-            (false, FrameKind::Event) => (Target::Stderr, b"tether: "),
-        };
+        let (target, prefix) = output::placement(self.json, frame.kind);
         if target != self.target || self.out.len() >= FLUSH_AT {
             if !self.flush()? {
                 return Ok(false);
@@ -248,15 +308,7 @@ impl Printer {
         if self.out.is_empty() {
             return Ok(true);
         }
-        let open = match self.target {
-            Target::Stdout => write_stdout(&self.out)?,
-            Target::Stderr => {
-                // A closed or failing stderr must not end the attach.
-                let mut stderr = std::io::stderr().lock();
-                let _ = stderr.write_all(&self.out).and_then(|()| stderr.flush());
-                true
-            }
-        };
+        let open = output::write_to(self.target, &self.out)?;
         self.out.clear();
         Ok(open)
     }
@@ -267,6 +319,39 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use tether_protocol::FrameKind;
+
+    #[test]
+    fn exit_codes_report_the_workers_last_end_as_a_shell_would() {
+        let info = |state, last_exit| ExecutionInfo {
+            id: "e".into(),
+            name: None,
+            state,
+            pid: None,
+            attempt: 1,
+            restarts: 0,
+            command: vec![],
+            restart: tether_protocol::RestartPolicy::Never,
+            last_exit,
+            reason: None,
+            created_micros: 0,
+            stream_last_seq: 0,
+            last_checkpoint: None,
+        };
+        let code = |state, last_exit| exit_code(&info(state, last_exit));
+        assert_eq!(code(ExecState::Completed, Some(ExitStatus::Code(0))), 0);
+        assert_eq!(code(ExecState::Failed, Some(ExitStatus::Code(3))), 3);
+        assert_eq!(code(ExecState::Failed, Some(ExitStatus::Signal(9))), 137);
+        assert_eq!(
+            code(ExecState::Cancelled, Some(ExitStatus::Signal(15))),
+            143
+        );
+        let spawn = ExitStatus::SpawnFailed("no such file".into());
+        assert_eq!(code(ExecState::Failed, Some(spawn)), 127);
+        assert_eq!(code(ExecState::Cancelled, None), 127);
+        assert_eq!(code(ExecState::Lost, Some(ExitStatus::Code(0))), 125);
+        assert_eq!(code(ExecState::Failed, Some(ExitStatus::Code(-1))), 125);
+    }
 
     #[test]
     fn only_repeated_failures_are_final() {

@@ -5,7 +5,8 @@
 //!   [`stop`], [`checkpoint`]: the commands.
 //! * [`dial_stdio`]: the bridge that `--host ssh://` runs on the remote
 //!   machine.
-//! * [`attach`]: `run --attach`, following an execution until it ends.
+//! * [`attach`]: `attach` and `run --attach`, following an execution until
+//!   it ends; [`wait`]: waiting for executions to end.
 //! * [`run_env`]: the caller's environment as `run` passes it on.
 //! * [`lines`]: stdin split into line frames, in large reads.
 //! * [`cursor`]: the `--cursor-file` format and its atomic update.
@@ -29,6 +30,7 @@ pub mod stop;
 pub mod streams;
 pub mod table;
 pub mod tail;
+pub mod wait;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -112,6 +114,12 @@ enum Command {
     Checkpoint(checkpoint::CheckpointArgs),
     /// Run, record, show and forget an execution's durable steps.
     Step(step::StepArgs),
+    /// Print an execution's output and follow it until it ends; exit with
+    /// its worker's exit code.
+    Attach(attach::AttachArgs),
+    /// Wait until executions have ended; exit with the last one's worker's
+    /// exit code.
+    Wait(wait::WaitArgs),
     /// Bridge stdin and stdout to the local daemon's socket (what
     /// --host ssh:// runs on the remote machine).
     DialStdio,
@@ -208,6 +216,8 @@ pub fn main() -> ExitCode {
             Command::Stop(args) => done(stop::run(&context, args).await),
             Command::Checkpoint(args) => checkpoint::run(&context, args).await,
             Command::Step(args) => step::run(&context, args).await,
+            Command::Attach(args) => Ok(attach::run(&context, args).await),
+            Command::Wait(args) => Ok(wait::run(&context, args).await),
             Command::DialStdio => done(dial_stdio::run(&context).await),
         }
     });

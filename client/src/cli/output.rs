@@ -1,6 +1,10 @@
 //! How `tether tail` prints frames.
 //!
-//! Plain: the payload and a newline, bytes as stored.
+//! Plain: the payload and a newline, bytes as stored; `stderr` frames and
+//! lifecycle events go to stderr, every other kind to stdout
+//! ([`placement`]). With
+//! `-t/--timestamps` each line starts with the frame's time and a space
+//! ([`push_timestamp`]).
 //!
 //! `--json`: one object per line,
 //! `{"stream":"s","seq":7,"ts":"2025-01-02T03:04:05.123456Z","kind":"data","payload":"..."}`.
@@ -14,7 +18,47 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 use tether::time::Rfc3339;
-use tether_protocol::Frame;
+use tether_protocol::{Frame, FrameKind};
+
+/// Where a frame is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Stdout,
+    Stderr,
+}
+
+/// Where a frame of `kind` goes, and what precedes it there: plain
+/// `stderr` lines to stderr, as the worker wrote them; lifecycle events,
+/// which are tether's words and not the worker's output, to stderr marked
+/// `tether: `; everything else, and every `--json` line, to stdout.
+pub fn placement(json: bool, kind: FrameKind) -> (Target, &'static [u8]) {
+    match (json, kind) {
+        (false, FrameKind::Stderr) => (Target::Stderr, b""),
+        (false, FrameKind::Event) => (Target::Stderr, b"tether: "),
+        _ => (Target::Stdout, b""),
+    }
+}
+
+/// Appends the frame's time, RFC 3339 in UTC, and a space: the `-t` prefix.
+pub fn push_timestamp(out: &mut Vec<u8>, frame: &Frame) {
+    use std::io::Write;
+    // Writing into a Vec cannot fail.
+    let _ = write!(out, "{} ", Rfc3339(frame.ts_micros));
+}
+
+/// Writes `bytes` to `target`. `Ok(false)` when stdout is closed; a closed
+/// or failing stderr is not an error (the output that matters is stdout's).
+pub fn write_to(target: Target, bytes: &[u8]) -> tether::Result<bool> {
+    match target {
+        Target::Stdout => super::write_stdout(bytes),
+        Target::Stderr => {
+            use std::io::Write;
+            let mut stderr = std::io::stderr().lock();
+            let _ = stderr.write_all(bytes).and_then(|()| stderr.flush());
+            Ok(true)
+        }
+    }
+}
 
 /// Appends one frame, as printed, to `out`.
 pub fn push_frame(out: &mut Vec<u8>, json: bool, stream: &str, seq: u64, frame: &Frame) {
@@ -74,7 +118,6 @@ mod tests {
 
     use super::*;
     use bytes::Bytes;
-    use tether_protocol::FrameKind;
 
     fn frame(payload: &[u8], ts_micros: u64) -> Frame {
         Frame {
@@ -117,6 +160,37 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "{\"stream\":\"s\",\"seq\":1,\"ts\":\"1970-01-01T00:00:00.000000Z\",\
              \"kind\":\"data\",\"payload_b64\":\"Yf9i\"}\n"
+        );
+    }
+
+    #[test]
+    fn timestamps_are_rfc_3339_utc_with_microseconds_and_a_space() {
+        let mut out = Vec::new();
+        push_timestamp(&mut out, &frame(b"x", 1_700_000_000_123_456));
+        assert_eq!(out, b"2023-11-14T22:13:20.123456Z ");
+    }
+
+    #[test]
+    fn plain_stderr_lines_and_events_go_to_stderr() {
+        assert_eq!(
+            placement(false, FrameKind::Stderr),
+            (Target::Stderr, &b""[..])
+        );
+        assert_eq!(
+            placement(false, FrameKind::Stdout),
+            (Target::Stdout, &b""[..])
+        );
+        assert_eq!(
+            placement(false, FrameKind::Data),
+            (Target::Stdout, &b""[..])
+        );
+        assert_eq!(
+            placement(false, FrameKind::Event),
+            (Target::Stderr, &b"tether: "[..])
+        );
+        assert_eq!(
+            placement(true, FrameKind::Event),
+            (Target::Stdout, &b""[..])
         );
     }
 

@@ -5,8 +5,8 @@
 //! far, as ps(1) shows it), RSS (its resident memory), RESTARTS,
 //! CHECKPOINT (`-`, or the newest checkpoint's seq and age, `17 (3m ago)`)
 //! and LAST-SEQ (the stream's last seq). Without `--all` only executions
-//! that have not ended are listed. Naming ids lists just those, ended or
-//! not; an unknown id exits 3.
+//! that have not ended are listed. Naming ids (or names) lists just those,
+//! ended or not; an unknown one exits 3.
 //!
 //! `--json`: one object per execution with the fields `id`, `name`,
 //! `state`, `pid`, `attempt`, `restarts`, `command`, `restart`,
@@ -20,7 +20,7 @@
 use clap::Args;
 use tether::time::{age, now_micros};
 use tether::{Error, Result};
-use tether_protocol::{ErrorCode, ExecutionDetail, ExecutionInfo};
+use tether_protocol::{find_execution, ErrorCode, ExecutionDetail, ExecutionInfo, Named};
 
 use super::{table, write_stdout, Context};
 
@@ -32,7 +32,7 @@ pub struct PsArgs {
     #[arg(long)]
     all: bool,
 
-    /// List only these executions (ended ones included).
+    /// List only these executions (ended ones included), by id or name.
     #[arg(value_name = "ID")]
     ids: Vec<String>,
 }
@@ -41,13 +41,18 @@ pub struct PsArgs {
 pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
     let all = args.all || !args.ids.is_empty();
     let mut executions = tether::sdk::execution_details(&ctx.connector("ps"), all).await?;
-    let missing: Vec<&String> = args
-        .ids
-        .iter()
-        .filter(|id| !executions.iter().any(|e| &e.info.id == *id))
-        .collect();
+    // Each ID may be a name: the live execution so named, else the newest
+    // ended one (an id matching exactly wins).
+    let mut wanted: Vec<String> = Vec::new();
+    let mut missing: Vec<&String> = Vec::new();
+    for key in &args.ids {
+        match find_execution(executions.iter(), key, |e| Named::from(&e.info)) {
+            Some(e) => wanted.push(e.info.id.clone()),
+            None => missing.push(key),
+        }
+    }
     if !args.ids.is_empty() {
-        executions.retain(|e| args.ids.contains(&e.info.id));
+        executions.retain(|e| wanted.contains(&e.info.id));
     }
     let text = if ctx.json {
         executions

@@ -16,7 +16,7 @@
 //! any daemon takes, and a daemon too old for `RunFull` is asked with
 //! `Run` unless `--pty` or `--clean-env` needs the new request. With
 //! `--attach` the command then follows the execution until it ends (see
-//! [`super::attach`]) and exits 0 only if it completed.
+//! [`super::attach`]) and exits with its worker's exit code.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -86,8 +86,8 @@ pub struct RunArgs {
     #[arg(long)]
     pty: bool,
 
-    /// Follow the worker's output until the execution ends; exit 0 only if
-    /// it completed.
+    /// Follow the worker's output until the execution ends; exit with the
+    /// worker's exit code.
     #[arg(long)]
     attach: bool,
 
@@ -120,7 +120,7 @@ pub async fn run(ctx: &Context, args: RunArgs) -> Result<u8> {
     if !write_stdout(line.as_bytes())? || !attach {
         return Ok(EXIT_OK);
     }
-    attach::follow(ctx, &id).await
+    Ok(attach::exit_of(attach::follow(ctx, &id, None).await))
 }
 
 /// Sends the run once, on one session: it is not idempotent, so a session

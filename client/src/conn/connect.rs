@@ -234,9 +234,13 @@ impl Connector {
                 daemon: String::new(),
             },
         };
+        // `APPEND_STAMPED` is asked for on top of what is needed: a daemon
+        // that predates it ignores the bit, and a publisher then sends
+        // plain appends (see `Connection::hello`).
+        let asked = Capabilities(self.options.capabilities.0 | Capabilities::APPEND_STAMPED.0);
         let hello = Request::Hello(Hello {
             version: PROTOCOL_VERSION,
-            capabilities: self.options.capabilities,
+            capabilities: asked,
             client: self.options.client.clone(),
         });
         let answer = match (conn.request(&hello).await, ssh) {

@@ -298,21 +298,25 @@ impl Shim<'_> {
                 true
             }
         };
+        // Every line of one read is dated by the read: it is when the shim
+        // had it, kept across a daemon outage (see `Publisher::push_stamped`).
+        let read_at = tether_protocol::time::now_micros();
         while let Some(frame) = pipe.lines.next_frame() {
-            self.push(pipe.kind, frame)?;
+            self.push(pipe.kind, frame, read_at)?;
         }
         if eof {
             if let Some(rest) = pipe.lines.finish() {
-                self.push(pipe.kind, rest)?;
+                self.push(pipe.kind, rest, read_at)?;
             }
             pipe.close();
         }
         Ok(())
     }
 
-    fn push(&mut self, kind: FrameKind, payload: Bytes) -> Result<()> {
+    fn push(&mut self, kind: FrameKind, payload: Bytes, read_at: u64) -> Result<()> {
         self.next_seq += 1;
-        self.publisher.push(self.next_seq, kind, payload)
+        self.publisher
+            .push_stamped(self.next_seq, kind, payload, read_at)
     }
 
     /// Reports the worker's end once every frame is acknowledged, and

@@ -34,6 +34,9 @@ impl Session {
             // authorized) the same.
             return self.start_appends(vec![append.into()]).await;
         }
+        if let Request::AppendStamped(append) = request {
+            return self.start_appends(vec![append.into()]).await;
+        }
         self.authorize(&request)?;
         match request {
             Request::DurableAck(ack) => self.start_ack(ack),
@@ -143,7 +146,10 @@ impl Session {
         Ok(())
     }
 
-    async fn handle_control(&mut self, request: Request) -> Result<(), Refusal> {
+    async fn handle_control(&mut self, mut request: Request) -> Result<(), Refusal> {
+        if let Some(execution) = named_execution(&mut request) {
+            *execution = self.shared.supervisor.resolve(execution);
+        }
         match request {
             Request::Hello(_) => Err(Refusal::new(
                 ErrorCode::HELLO_REQUIRED,
@@ -256,10 +262,12 @@ impl Session {
                 self.send_all(parts::checkpoints_full(list, self.max_frame_len())?)
                     .await
             }
-            Request::Append(_) | Request::DurableAck(_) => Err(Refusal::new(
-                ErrorCode::INTERNAL,
-                "pipelined request reached the control path",
-            )),
+            Request::Append(_) | Request::AppendStamped(_) | Request::DurableAck(_) => {
+                Err(Refusal::new(
+                    ErrorCode::INTERNAL,
+                    "pipelined request reached the control path",
+                ))
+            }
         }
     }
 
@@ -497,5 +505,25 @@ fn control_target(request: &Request) -> &str {
         Request::CheckpointSave(save) => &save.execution,
         Request::CheckpointSaveFull(save) => &save.execution,
         _ => "",
+    }
+}
+
+/// The execution a request names, which may be given by its name (`run
+/// --name`): resolved here, once, for every client and SDK. Shim requests
+/// name their attempt's execution by id and are left alone.
+fn named_execution(request: &mut Request) -> Option<&mut String> {
+    match request {
+        Request::Stop { execution, .. }
+        | Request::CheckpointLoad { execution }
+        | Request::CheckpointList { execution }
+        | Request::StepGet { execution, .. }
+        | Request::StepPut { execution, .. }
+        | Request::StepList { execution }
+        | Request::StepClear { execution, .. }
+        | Request::CheckpointLoadFull { execution, .. }
+        | Request::CheckpointListFull { execution } => Some(execution),
+        Request::CheckpointSave(save) => Some(&mut save.execution),
+        Request::CheckpointSaveFull(save) => Some(&mut save.execution),
+        _ => None,
     }
 }

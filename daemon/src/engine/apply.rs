@@ -180,8 +180,11 @@ impl Writer {
                 outcomes.push(outcome);
                 continue;
             }
+            // A producer's own time (from a shim, of a line it read while
+            // the daemon was down) is kept, but never one later than this
+            // commit's: a skewed or lying clock cannot date frames ahead.
             let frame = Frame {
-                ts_micros: ts,
+                ts_micros: a.ts_micros.map_or(ts, |own| own.min(ts)),
                 kind: a.kind,
                 payload: a.payload,
             };

@@ -77,6 +77,19 @@ impl Inner {
         now: u64,
     ) -> Result<(String, Arc<Slot>, OwnedMutexGuard<Execution>)> {
         let mut slots = self.slots();
+        // Checked and reserved under one lock: of runs racing for a name,
+        // one takes it.
+        if let Some(name) = &run.spec.name {
+            let taken = slots
+                .iter()
+                .find(|(id, slot)| slot.name.as_ref() == Some(name) && !slot.named(id).ended);
+            if let Some((id, _)) = taken {
+                return Err(Error::InvalidRequest(format!(
+                    "execution {id} is already running with the name {name:?}; stop it, or \
+                     choose another name"
+                )));
+            }
+        }
         for _ in 0..ID_TRIES {
             let id = manifest::new_id(&run.spec, policy::random());
             if slots.contains_key(&id) || self.queue.stream_range(&id).is_some() {

@@ -137,6 +137,28 @@ struct Slot {
     /// run), readable without waiting for a change in progress: `tether ps`
     /// reads it, `tether stop` waits on it.
     committed: watch::Sender<Option<Manifest>>,
+    /// `run --name`, which never changes: readable before the first commit,
+    /// so that a name is taken from the moment its run is reserved.
+    name: Option<String>,
+    /// When it was submitted, to tell the newest of ended ones apart.
+    created_micros: u64,
+}
+
+impl Slot {
+    /// The fields names are resolved by. Reserved, not yet committed
+    /// executions are live.
+    fn named<'a>(&'a self, id: &'a str) -> tether_protocol::Named<'a> {
+        tether_protocol::Named {
+            id,
+            name: self.name.as_deref(),
+            ended: self
+                .committed
+                .borrow()
+                .as_ref()
+                .is_some_and(|m| state::is_final(m.state)),
+            created_micros: self.created_micros,
+        }
+    }
 }
 
 /// The in-memory side of an execution; `manifest` is always the committed one.
@@ -335,6 +357,19 @@ impl Supervisor {
             .as_ref()
             .map(|m| self.inner.info(m))
             .ok_or_else(|| Error::ExecutionNotFound(id.to_owned()))
+    }
+
+    /// The id of the execution `key` names: `key` itself when it is an
+    /// id, else the live execution named `key`, else the newest ended one
+    /// so named ([`tether_protocol::find_execution`]). A key that names
+    /// none is returned as it is, for the request to fail on as before.
+    pub fn resolve(&self, key: &str) -> String {
+        let slots = self.inner.slots();
+        if slots.contains_key(key) {
+            return key.to_owned();
+        }
+        let found = tether_protocol::find_execution(slots.iter(), key, |(id, slot)| slot.named(id));
+        found.map_or_else(|| key.to_owned(), |(id, _)| id.clone())
     }
 
     /// How many executions the store holds.
@@ -556,7 +591,11 @@ fn new_slot(
     worker: Option<Arc<Pidfd>>,
 ) -> Arc<Slot> {
     let (committed, _) = watch::channel(committed.then(|| manifest.clone()));
+    let name = manifest.spec.name.clone();
+    let created_micros = manifest.created_micros;
     Arc::new(Slot {
+        name,
+        created_micros,
         exec: Arc::new(tokio::sync::Mutex::new(Execution {
             manifest,
             shim,

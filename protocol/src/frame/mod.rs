@@ -38,8 +38,12 @@ impl Capabilities {
     /// arrives as [`Response::Durable`] with its seq. Without it a subscriber
     /// gets [`Response::Live`] frames from the moment it subscribed, no replay.
     pub const DURABLE: Self = Self(1 << 0);
+    /// The daemon takes [`Request::AppendStamped`]. A producer asks for it
+    /// without needing it: granted, it sends its own times; not granted (an
+    /// older daemon), plain appends.
+    pub const APPEND_STAMPED: Self = Self(1 << 1);
     /// Every capability this build understands.
-    pub const ALL: Self = Self::DURABLE;
+    pub const ALL: Self = Self(Self::DURABLE.0 | Self::APPEND_STAMPED.0);
 
     /// True when every bit of `other` is set in `self`.
     pub fn contains(self, other: Self) -> bool {
@@ -149,7 +153,7 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 27;
+    const KINDS: u32 = 28;
 }
 
 impl Message for Response {

@@ -121,11 +121,19 @@ pub enum Request {
     /// [`Response::ExecutionsFull`], after [`Response::ExecutionsFullPart`]s
     /// when the list does not fit in one message.
     ListExecutionsFull { all: bool },
+    /// [`Request::Append`] with the time the producer read the frame,
+    /// which the daemon stores instead of its own (never later than its
+    /// own clock). Sent only to a daemon that granted
+    /// [`Capabilities::APPEND_STAMPED`]. Answered like an append.
+    AppendStamped(AppendStamped),
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
     /// append's body.
     pub const APPEND_KIND: u32 = 1;
+    /// The variant index of [`Request::AppendStamped`], read in place as
+    /// appends are.
+    pub const APPEND_STAMPED_KIND: u32 = 27;
 
     /// The variant's index: the first varint of its body.
     pub fn kind(&self) -> u32 {
@@ -157,6 +165,7 @@ impl Request {
             Request::CheckpointListFull { .. } => 24,
             Request::RunFull(_) => 25,
             Request::ListExecutionsFull { .. } => 26,
+            Request::AppendStamped(_) => Self::APPEND_STAMPED_KIND,
         }
     }
 
@@ -192,6 +201,7 @@ impl Request {
             "CheckpointListFull",
             "RunFull",
             "ListExecutionsFull",
+            "AppendStamped",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -226,6 +236,7 @@ impl Request {
             Request::CheckpointListFull { .. } => "CheckpointListFull",
             Request::RunFull(_) => "RunFull",
             Request::ListExecutionsFull { .. } => "ListExecutionsFull",
+            Request::AppendStamped(_) => "AppendStamped",
         }
     }
 }
@@ -270,6 +281,44 @@ pub struct AppendView<'a> {
     #[serde(serialize_with = "byte_string")]
     pub payload: &'a [u8],
 }
+/// An [`Append`] and when its producer read it: `ts_micros`, microseconds
+/// since the Unix epoch. The fields before it are an append's, in the same
+/// order.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct AppendStamped {
+    pub stream: String,
+    pub producer: String,
+    pub producer_seq: u64,
+    pub kind: FrameKind,
+    pub payload: Bytes,
+    pub ts_micros: u64,
+}
+
+/// An [`AppendStamped`] read in place, as [`AppendView`] is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendStampedView<'a> {
+    pub stream: &'a str,
+    pub producer: &'a str,
+    pub producer_seq: u64,
+    pub kind: FrameKind,
+    #[serde(serialize_with = "byte_string")]
+    pub payload: &'a [u8],
+    pub ts_micros: u64,
+}
+
+impl<'a> AppendStampedView<'a> {
+    /// The append without its time.
+    pub fn append(&self) -> AppendView<'a> {
+        AppendView {
+            stream: self.stream,
+            producer: self.producer,
+            producer_seq: self.producer_seq,
+            kind: self.kind,
+            payload: self.payload,
+        }
+    }
+}
+
 /// Where a [`Subscribe`] starts.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StartAt {

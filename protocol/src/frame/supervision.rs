@@ -112,6 +112,61 @@ impl ExecState {
             ExecState::Lost => "lost",
         }
     }
+
+    /// True once the execution is over: no attempt runs or will run.
+    pub fn has_ended(self) -> bool {
+        matches!(
+            self,
+            ExecState::Completed | ExecState::Failed | ExecState::Cancelled | ExecState::Lost
+        )
+    }
+}
+
+/// What [`find_execution`] needs to know of an execution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Named<'a> {
+    pub id: &'a str,
+    pub name: Option<&'a str>,
+    pub ended: bool,
+    pub created_micros: u64,
+}
+
+impl<'a> From<&'a ExecutionInfo> for Named<'a> {
+    fn from(e: &'a ExecutionInfo) -> Self {
+        Self {
+            id: &e.id,
+            name: e.name.as_deref(),
+            ended: e.state.has_ended(),
+            created_micros: e.created_micros,
+        }
+    }
+}
+
+/// The execution `key` names among `items`: the one whose id is `key`;
+/// else the live one named `key`; else, of the ended ones named `key`, the
+/// newest. Clients and the daemon resolve names by this one rule.
+pub fn find_execution<T>(
+    items: impl IntoIterator<Item = T>,
+    key: &str,
+    named: impl Fn(&T) -> Named<'_>,
+) -> Option<T> {
+    let mut live = None;
+    let mut ended: Option<(u64, T)> = None;
+    for item in items {
+        let n = named(&item);
+        if n.id == key {
+            return Some(item);
+        }
+        if n.name != Some(key) {
+            continue;
+        }
+        if !n.ended {
+            live = Some(item);
+        } else if ended.as_ref().is_none_or(|(at, _)| n.created_micros >= *at) {
+            ended = Some((n.created_micros, item));
+        }
+    }
+    live.or(ended.map(|(_, item)| item))
 }
 
 /// How a worker ended.
@@ -232,4 +287,35 @@ pub struct ShimSpecFull {
     /// `TETHER_LAST_EXIT` for the worker: `code:N` or `signal:NAME`, on a
     /// restart.
     pub last_exit: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(id: &'static str, name: &'static str, ended: bool, at: u64) -> Named<'static> {
+        Named {
+            id,
+            name: Some(name),
+            ended,
+            created_micros: at,
+        }
+    }
+
+    fn find(items: &[Named<'static>], key: &str) -> Option<&'static str> {
+        find_execution(items.iter(), key, |n| **n).map(|n| n.id)
+    }
+
+    #[test]
+    fn an_id_wins_then_the_live_one_then_the_newest_ended_one() {
+        let ended_old = named("a1", "job", true, 1);
+        let ended_new = named("a2", "job", true, 2);
+        let live = named("a3", "job", false, 0);
+        let id_named_job = named("job", "other", true, 0);
+        assert_eq!(find(&[ended_new, ended_old], "job"), Some("a2"));
+        assert_eq!(find(&[ended_old, live, ended_new], "job"), Some("a3"));
+        assert_eq!(find(&[live, id_named_job], "job"), Some("job"));
+        assert_eq!(find(&[live], "a1"), None);
+        assert_eq!(find(&[ended_old], "a1"), Some("a1"));
+    }
 }

@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod attach_wait;
 mod bad_input;
 mod checkpoint_agent;
 mod checkpoint_cli;
@@ -28,6 +29,7 @@ mod local_security;
 mod local_security_admission;
 mod local_security_client;
 mod local_security_memory;
+mod names;
 mod publish_tail;
 mod remote_access;
 mod remote_ssh;
@@ -35,6 +37,7 @@ mod replay_cutover;
 mod run_environment;
 mod run_pty;
 mod shell_agent;
+mod shim_times;
 mod signals;
 mod single_instance;
 mod slow_reader;
@@ -50,3 +53,4 @@ mod systemd_activation;
 mod systemd_config;
 mod systemd_notify;
 mod systemd_support;
+mod tail_reading;
