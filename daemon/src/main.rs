@@ -8,13 +8,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Registry};
 
 mod allocator;
+mod shell;
 
 /// The tether daemon: durable, sequence-numbered streams over a unix socket,
 /// and supervised workers whose output becomes streams.
@@ -95,6 +96,18 @@ enum Command {
     /// while a daemon runs on the state directory, and with nothing
     /// changed when the copy would not fit on the disk.
     Repair,
+    /// Print a shell completion script (bash, zsh, fish, ...).
+    Completions {
+        /// The shell to print a completion script for.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Write a man page for every command into a directory.
+    Manpages {
+        /// The directory to write the pages to (created if missing).
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 /// `tetherd` and `tetherd check` exit with this when the store is damaged
@@ -103,15 +116,22 @@ const EXIT_DAMAGED: u8 = 65;
 
 fn main() -> ExitCode {
     allocator::configure();
-    let args = Args::parse();
+    let args = cli()
+        .try_get_matches()
+        .and_then(|mut matches| Args::from_arg_matches_mut(&mut matches))
+        .unwrap_or_else(|e| e.exit());
     // Read once and removed before any thread starts, so that shims and
     // workers do not inherit them.
     let listen_env = tetherd::activation::ListenEnv::take_from_process();
     let notify_env = tetherd::notify::NotifyEnv::take_from_process();
-    let command = args.command.clone();
-    let result = match command {
+    let result = match args.command.clone() {
         Some(Command::Check) => check(&args),
         Some(Command::Repair) => repair(&args),
+        Some(Command::Completions { shell }) => print(&shell::completions(shell, cli())),
+        Some(Command::Manpages { dir }) => shell::write_manpages(cli(), &dir).and_then(|paths| {
+            let listing: String = paths.iter().map(|p| format!("{}\n", p.display())).collect();
+            print(listing.as_bytes())
+        }),
         None => start(args, &listen_env, &notify_env),
     };
     match result {
@@ -130,6 +150,21 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// The clap definition of `tetherd`, with the examples of every command.
+fn cli() -> clap::Command {
+    shell::with_examples(Args::command())
+}
+
+/// Writes `bytes` to stdout.
+fn print(bytes: &[u8]) -> tetherd::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(bytes)
+        .and_then(|()| stdout.flush())
+        .map_err(|e| tetherd::Error::io("cannot write to stdout", e))
 }
 
 /// `tetherd check`: reads the files of a stopped daemon's store; beside a

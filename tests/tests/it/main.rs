@@ -33,6 +33,7 @@ mod remote_access;
 mod remote_ssh;
 mod replay_cutover;
 mod shell_agent;
+mod shell_friendliness;
 mod signals;
 mod single_instance;
 mod slow_reader;
