@@ -260,6 +260,7 @@ fn may_be_read(name: &str) -> bool {
             | "ListStreams"
             | "Status"
             | "Storage"
+            | "Metrics"
             | "ListExecutions"
             | "CheckpointList"
             | "CheckpointLoad"

@@ -60,18 +60,23 @@ struct Args {
     #[arg(long, value_name = "BYTES")]
     retention_max_bytes: Option<u64>,
 
-    /// Retention: age of the oldest frame kept, in seconds (0 = no limit).
-    #[arg(long, value_name = "SECS")]
-    retention_max_age: Option<u64>,
+    /// Retention: age of the oldest frame kept, e.g. 12h or 30d; a bare
+    /// number is seconds (0 = no limit).
+    #[arg(long, value_name = "DUR", value_parser = tetherd::config::file::parse_duration)]
+    retention_max_age: Option<Duration>,
 
-    /// Checkpoints kept per execution; older ones are deleted.
-    #[arg(long, value_name = "N", default_value_t = 10,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    checkpoint_keep: u32,
+    /// Checkpoints kept per execution; older ones are deleted [default: 10].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    checkpoint_keep: Option<u32>,
 
-    /// Largest checkpoint accepted, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = 8 * 1024 * 1024)]
-    max_checkpoint_bytes: usize,
+    /// Largest checkpoint accepted, in bytes [default: 8 MiB].
+    #[arg(long, value_name = "BYTES")]
+    max_checkpoint_bytes: Option<usize>,
+
+    /// How log lines are written: text (to stderr, or the journal under
+    /// systemd) or json (one object per line, to stderr) [default: text].
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<tetherd::config::LogFormat>,
 
     #[command(subcommand)]
     command: Option<Command>,
@@ -321,15 +326,30 @@ fn reload(
 }
 
 fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
+    let source = tether_protocol::paths::from_process(|env| {
+        tetherd::config::ConfigSource::resolve(args.config.clone(), env)
+    });
+    let file = match source {
+        Some(source) => source.load()?,
+        None => tetherd::config::FileConfig::default(),
+    };
+    // The paths: the flag, else $TETHER_SOCKET / $TETHER_STATE_DIR, else
+    // the config file, else the standard places.
     let (socket, state_dir) = tether_protocol::paths::from_process(|env| {
-        (
-            args.socket
-                .clone()
-                .unwrap_or_else(|| tether_protocol::paths::default_socket(env)),
-            args.state_dir
-                .clone()
-                .or_else(|| tether_protocol::paths::default_state_dir(env)),
-        )
+        let set = |name: &str| (env.var)(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let socket = args
+            .socket
+            .clone()
+            .or_else(|| set("TETHER_SOCKET"))
+            .or_else(|| file.socket.path.clone())
+            .unwrap_or_else(|| tether_protocol::paths::default_socket(env));
+        let state_dir = args
+            .state_dir
+            .clone()
+            .or_else(|| set("TETHER_STATE_DIR"))
+            .or_else(|| file.state_dir.clone())
+            .or_else(|| tether_protocol::paths::default_state_dir(env));
+        (socket, state_dir)
     });
     let state_dir = state_dir.ok_or_else(|| {
         tetherd::Error::Config(
@@ -337,12 +357,7 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
         )
     })?;
     let mut config = tetherd::Config::new(socket, state_dir);
-    let file = tether_protocol::paths::from_process(|env| {
-        tetherd::config::ConfigSource::resolve(args.config.clone(), env)
-    });
-    if let Some(file) = file {
-        config.apply_file(&file.load()?);
-    }
+    config.apply_file(&file);
     tether_protocol::paths::from_process(|env| config.apply_env(env))?;
     if let Some(n) = args.max_frame_len {
         config.max_frame_len = n;
@@ -350,9 +365,18 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
     if let Some(n) = args.max_connections {
         config.max_connections = n.max(1);
     }
-    config.shim = args.shim;
-    config.checkpoint_keep = args.checkpoint_keep as usize;
-    config.max_checkpoint_bytes = args.max_checkpoint_bytes;
+    if let Some(shim) = args.shim {
+        config.shim = Some(shim);
+    }
+    if let Some(n) = args.checkpoint_keep {
+        config.checkpoint_keep = n as usize;
+    }
+    if let Some(n) = args.max_checkpoint_bytes {
+        config.max_checkpoint_bytes = n;
+    }
+    if let Some(format) = args.log_format {
+        config.log_format = format;
+    }
     let limit = |v: u64| (v > 0).then_some(v);
     if let Some(n) = args.retention_max_frames {
         config.retention.max_frames = limit(n);
@@ -360,8 +384,8 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
     if let Some(n) = args.retention_max_bytes {
         config.retention.max_bytes = limit(n);
     }
-    if let Some(n) = args.retention_max_age {
-        config.retention.max_age = limit(n).map(Duration::from_secs);
+    if let Some(age) = args.retention_max_age {
+        config.retention.max_age = (!age.is_zero()).then_some(age);
     }
     Ok(config)
 }

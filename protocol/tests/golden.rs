@@ -518,10 +518,11 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::CheckpointSaveFull(_) => "CheckpointSaveFull",
         Request::CheckpointLoadFull { .. } => "CheckpointLoadFull",
         Request::CheckpointListFull { .. } => "CheckpointListFull",
+        Request::Metrics => "Metrics",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 25] = [
+const ALL_REQUEST_VARIANTS: [&str; 26] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -547,6 +548,7 @@ const ALL_REQUEST_VARIANTS: [&str; 25] = [
     "CheckpointSaveFull",
     "CheckpointLoadFull",
     "CheckpointListFull",
+    "Metrics",
 ];
 
 /// See [`request_variant`].
@@ -585,10 +587,12 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::CheckpointFull(_) => "CheckpointFull",
         Response::CheckpointsFull(_) => "CheckpointsFull",
         Response::CheckpointsFullPart(_) => "CheckpointsFullPart",
+        Response::Metrics(_) => "Metrics",
+        Response::MetricsPart(_) => "MetricsPart",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 33] = [
+const ALL_RESPONSE_VARIANTS: [&str; 35] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -622,6 +626,8 @@ const ALL_RESPONSE_VARIANTS: [&str; 33] = [
     "CheckpointFull",
     "CheckpointsFull",
     "CheckpointsFullPart",
+    "Metrics",
+    "MetricsPart",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {
@@ -685,7 +691,7 @@ fn responses_encode_to_their_golden_bytes() {
 
 #[test]
 fn every_request_variant_has_a_fixture() {
-    let covered: BTreeSet<_> = request_fixtures()
+    let covered: BTreeSet<_> = all_request_fixtures()
         .iter()
         .map(|(msg, _)| request_variant(msg))
         .collect();
@@ -694,7 +700,7 @@ fn every_request_variant_has_a_fixture() {
 
 #[test]
 fn every_response_variant_has_a_fixture() {
-    let covered: BTreeSet<_> = response_fixtures()
+    let covered: BTreeSet<_> = all_response_fixtures()
         .iter()
         .map(|(msg, _)| response_variant(msg))
         .collect();
@@ -724,7 +730,7 @@ fn variant_indexes_are_0_to_kinds<T: Message + Serialize>(fixtures: Vec<(T, &'st
 /// names: a reader judges a request by them before the rest arrives.
 #[test]
 fn request_kinds_and_their_names_match_the_wire() {
-    for (msg, _) in request_fixtures() {
+    for (msg, _) in all_request_fixtures() {
         let body = postcard::to_allocvec(&msg).unwrap();
         let kind = postcard::take_from_bytes::<u32>(&body).unwrap().0;
         assert_eq!(msg.kind(), kind, "{msg:?}");
@@ -735,8 +741,8 @@ fn request_kinds_and_their_names_match_the_wire() {
 
 #[test]
 fn message_kinds_match_the_variants() {
-    variant_indexes_are_0_to_kinds(request_fixtures());
-    variant_indexes_are_0_to_kinds(response_fixtures());
+    variant_indexes_are_0_to_kinds(all_request_fixtures());
+    variant_indexes_are_0_to_kinds(all_response_fixtures());
 }
 
 #[test]
@@ -815,5 +821,55 @@ fn fixtures_are_for_the_current_protocol_version() {
     assert_eq!(
         PROTOCOL_VERSION, FROZEN_VERSION,
         "PROTOCOL_VERSION changed: re-check every fixture here and set FROZEN_VERSION"
+    );
+}
+
+// Metrics (`tether metrics`): fixtures of their own, joined to the others
+// for the coverage and variant index checks.
+
+fn metrics_request_fixtures() -> Vec<(Request, &'static str)> {
+    vec![(Request::Metrics, "00000001 19")]
+}
+
+fn metrics_response_fixtures() -> Vec<(Response, &'static str)> {
+    vec![
+        (
+            Response::Metrics("# EOF\n".into()),
+            "00000008 21 06 2320454f460a",
+        ),
+        (
+            Response::MetricsPart("a 1\n".into()),
+            "00000006 22 04 6120310a",
+        ),
+    ]
+}
+
+fn all_request_fixtures() -> Vec<(Request, &'static str)> {
+    let mut all = request_fixtures();
+    all.extend(metrics_request_fixtures());
+    all
+}
+
+fn all_response_fixtures() -> Vec<(Response, &'static str)> {
+    let mut all = response_fixtures();
+    all.extend(metrics_response_fixtures());
+    all
+}
+
+#[test]
+fn metrics_requests_encode_to_their_golden_bytes() {
+    check_fixtures(
+        metrics_request_fixtures(),
+        ClientCodec::new(),
+        ServerCodec::new(),
+    );
+}
+
+#[test]
+fn metrics_responses_encode_to_their_golden_bytes() {
+    check_fixtures(
+        metrics_response_fixtures(),
+        ServerCodec::new(),
+        ClientCodec::new(),
     );
 }

@@ -1,8 +1,8 @@
 //! The `tether` command line: global flags, one module per command, and
 //! the mapping of errors to exit codes.
 //!
-//! * [`publish`], [`tail`], [`streams`], [`status`], [`run`], [`ps`],
-//!   [`stop`], [`checkpoint`]: the commands.
+//! * [`publish`], [`tail`], [`streams`], [`status`], [`metrics`], [`run`],
+//!   [`ps`], [`stop`], [`checkpoint`]: the commands.
 //! * [`dial_stdio`]: the bridge that `--host ssh://` runs on the remote
 //!   machine.
 //! * [`attach`]: `run --attach`, following an execution until it ends.
@@ -20,6 +20,7 @@ pub mod dial_stdio;
 pub mod duration;
 pub mod examples;
 pub mod lines;
+pub mod metrics;
 pub mod output;
 pub mod ps;
 pub mod publish;
@@ -117,6 +118,8 @@ enum Command {
     /// Bridge stdin and stdout to the local daemon's socket (what
     /// --host ssh:// runs on the remote machine).
     DialStdio,
+    /// Print the daemon's metrics in the Prometheus text format.
+    Metrics,
     /// Print a shell completion script (bash, zsh, fish, ...).
     Completions(shell::CompletionsArgs),
     /// Write a man page for every command into a directory.
@@ -224,6 +227,7 @@ pub fn main() -> ExitCode {
             Command::Checkpoint(args) => checkpoint::run(&context, args).await,
             Command::Step(args) => step::run(&context, args).await,
             Command::DialStdio => done(dial_stdio::run(&context).await),
+            Command::Metrics => done(metrics::run(&context).await),
             Command::Completions(_) | Command::Manpages(_) => Ok(EXIT_OK),
         }
     });

@@ -258,6 +258,11 @@ impl Session {
                 self.send_all(parts::checkpoints_full(list, self.max_frame_len())?)
                     .await
             }
+            Request::Metrics => {
+                let text = crate::metrics::text_of(&self.shared)?;
+                self.send_all(parts::metrics(text, self.max_frame_len())?)
+                    .await
+            }
             Request::Append(_) | Request::DurableAck(_) => Err(Refusal::new(
                 ErrorCode::INTERNAL,
                 "pipelined request reached the control path",

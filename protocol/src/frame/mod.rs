@@ -149,12 +149,12 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 25;
+    const KINDS: u32 = 26;
 }
 
 impl Message for Response {
     const NAME: &'static str = "response";
-    const KINDS: u32 = 33;
+    const KINDS: u32 = 35;
 }
 
 /// Checks a stream, producer or consumer name: 1 to [`MAX_NAME_LEN`] bytes,

@@ -112,6 +112,10 @@ pub enum Request {
     /// Answered with [`Response::CheckpointsFull`], after
     /// [`Response::CheckpointsFullPart`]s when the list does not fit.
     CheckpointListFull { execution: String },
+    /// Ask for the daemon's metrics as Prometheus text (counts only, never
+    /// payloads). Answered with [`Response::Metrics`], after
+    /// [`Response::MetricsPart`]s when the text does not fit in one message.
+    Metrics,
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
@@ -146,6 +150,7 @@ impl Request {
             Request::CheckpointSaveFull(_) => 22,
             Request::CheckpointLoadFull { .. } => 23,
             Request::CheckpointListFull { .. } => 24,
+            Request::Metrics => 25,
         }
     }
 
@@ -179,6 +184,7 @@ impl Request {
             "CheckpointSaveFull",
             "CheckpointLoadFull",
             "CheckpointListFull",
+            "Metrics",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -211,6 +217,7 @@ impl Request {
             Request::CheckpointSaveFull(_) => "CheckpointSaveFull",
             Request::CheckpointLoadFull { .. } => "CheckpointLoadFull",
             Request::CheckpointListFull { .. } => "CheckpointListFull",
+            Request::Metrics => "Metrics",
         }
     }
 }

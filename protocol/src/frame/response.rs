@@ -94,6 +94,13 @@ pub enum Response {
     /// A leading part of the answer to [`Request::CheckpointListFull`]; see
     /// [`Response::StreamsPart`].
     CheckpointsFullPart(Vec<CheckpointEntry>),
+    /// Answer to [`Request::Metrics`]: Prometheus text (OpenMetrics),
+    /// ending with `# EOF`.
+    Metrics(String),
+    /// A leading piece of the text of the [`Response::Metrics`] that
+    /// follows, for a text too large for one message; pieces end at line
+    /// ends, and the client joins them in order.
+    MetricsPart(String),
 }
 
 impl Response {
@@ -138,6 +145,8 @@ impl Response {
             Response::CheckpointFull(_) => "CheckpointFull",
             Response::CheckpointsFull(_) => "CheckpointsFull",
             Response::CheckpointsFullPart(_) => "CheckpointsFullPart",
+            Response::Metrics(_) => "Metrics",
+            Response::MetricsPart(_) => "MetricsPart",
         }
     }
 }
