@@ -27,6 +27,7 @@
 //! * [`notify`] reports readiness, status and watchdog pings to the
 //!   service manager; [`activation`] adopts a socket it passed.
 //! * [`inherited`] keeps descriptors the daemon inherited from its children.
+//! * [`logging`] chooses where log lines go (stderr, JSON, the journal).
 //! * [`metrics`] counts what `tether metrics` shows, and serves it over
 //!   HTTP when `[metrics] listen` is set.
 //! * [`config`], [`lock`], [`shutdown`] and [`error`] do what they say.
@@ -42,6 +43,7 @@ pub mod error;
 pub mod hub;
 pub mod ingest;
 pub mod lock;
+pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod server;

@@ -268,7 +268,7 @@ fn start(
     notify_env: &tetherd::notify::NotifyEnv,
 ) -> tetherd::Result<()> {
     let config = config_from(args.clone())?;
-    let log = init_tracing(&config.log_level);
+    let log = init_tracing(&config.log_level, config.log_format);
     // Before any thread starts, and before shims are started: see
     // `tetherd::inherited`.
     let marked = tether_protocol::inherited::close_on_exec_except(listen_env.passed())
@@ -393,24 +393,47 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
 /// The handle that changes the log filter of the running subscriber.
 type LogHandle = reload::Handle<EnvFilter, Registry>;
 
-/// Logs go to stderr. Under journald (`JOURNAL_STREAM` set) the journal
-/// adds its own timestamps, so ours are left out. `level` was checked when
-/// the config was read; the filter can be replaced later through the
-/// returned handle.
-fn init_tracing(level: &str) -> LogHandle {
+/// Sets up logging where [`tetherd::logging::choose`] says: text or JSON
+/// lines on stderr, or the journal. `level` was checked when the config was
+/// read; the filter can be replaced later through the returned handle.
+fn init_tracing(level: &str, format: tetherd::config::LogFormat) -> LogHandle {
+    use tetherd::logging::{choose, stderr_id, Sink, JOURNAL_FALLBACK};
+    use tracing_subscriber::Layer;
+
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = reload::Layer::new(filter);
+    let journal_stream = std::env::var("JOURNAL_STREAM").ok();
+    let mut sink = choose(format, journal_stream.as_deref(), stderr_id());
+    let mut journal_error = None;
+    let journal = match sink {
+        // No prefix: an event's `execution` field becomes EXECUTION=.
+        Sink::Journal => match tracing_journald::layer() {
+            Ok(layer) => Some(layer.with_field_prefix(None)),
+            Err(e) => {
+                journal_error = Some(e);
+                sink = JOURNAL_FALLBACK;
+                None
+            }
+        },
+        _ => None,
+    };
     // Colours only for a person at a terminal, never into files or journald.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let output = tracing_subscriber::fmt::layer()
+    let text = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(colour)
         .with_target(false);
-    let registry = tracing_subscriber::registry().with(filter);
-    if std::env::var_os("JOURNAL_STREAM").is_some() {
-        registry.with(output.without_time().with_ansi(false)).init();
-    } else {
-        registry.with(output).init();
+    let output = match (sink, journal) {
+        (Sink::Journal, Some(journal)) => journal.boxed(),
+        (Sink::Json, _) => text.json().with_ansi(false).boxed(),
+        (Sink::Text { time: false }, _) => text.without_time().with_ansi(false).boxed(),
+        _ => text.with_ansi(colour).boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(output)
+        .init();
+    if let Some(e) = journal_error {
+        tracing::warn!("cannot reach the journal ({e}); logging to stderr instead");
     }
     handle
 }
