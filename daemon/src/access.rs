@@ -482,6 +482,7 @@ mod tests {
             Request::CheckpointListFull {
                 execution: execution(),
             },
+            Request::Metrics,
         ] {
             assert_eq!(reader.permits_kind(read.kind()), Ok(()));
             assert_eq!(reader.permits(&read), Ok(()));
