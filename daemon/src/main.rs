@@ -115,6 +115,10 @@ enum Command {
     },
 }
 
+/// Set once logging writes JSON lines to stderr, so that nothing else
+/// writes plain text there.
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// `tetherd` and `tetherd check` exit with this when the store is damaged
 /// (`EX_DATAERR`); the shipped units do not restart on it.
 const EXIT_DAMAGED: u8 = 65;
@@ -143,12 +147,20 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
-            eprintln!("tetherd: error: {e}");
+            const REPAIR_HINT: &str = "`tetherd repair` (with the same --state-dir) copies the \
+                damaged files aside, keeps everything that verifies and says what was lost";
+            // With JSON logs every stderr line is JSON: the error was just
+            // logged as such, and so is the hint.
+            let json = JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed);
+            if !json {
+                eprintln!("tetherd: error: {e}");
+            }
             if e.is_damage() {
-                eprintln!(
-                    "tetherd: `tetherd repair` (with the same --state-dir) copies the damaged \
-                     files aside, keeps everything that verifies and says what was lost"
-                );
+                if json {
+                    tracing::error!("{REPAIR_HINT}");
+                } else {
+                    eprintln!("tetherd: {REPAIR_HINT}");
+                }
                 ExitCode::from(EXIT_DAMAGED)
             } else {
                 ExitCode::FAILURE
@@ -432,8 +444,61 @@ fn init_tracing(level: &str, format: tetherd::config::LogFormat) -> LogHandle {
         .with(filter)
         .with(output)
         .init();
+    if sink == Sink::Json {
+        JSON_LOGS.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     if let Some(e) = journal_error {
         tracing::warn!("cannot reach the journal ({e}); logging to stderr instead");
     }
     handle
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// The config key of each flag, as a line of `tetherd.toml`.
+    const KEYS: &[(&str, &str)] = &[
+        ("socket", "[socket]\npath = \"/run/t.sock\""),
+        ("state-dir", "state_dir = \"/var/lib/t\""),
+        ("shim", "shim = \"/usr/libexec/tether-shim\""),
+        ("max-frame-len", "max_frame_len = 65536"),
+        ("max-connections", "max_connections = 10"),
+        ("retention-max-frames", "[retention]\nmax_frames = 10"),
+        ("retention-max-bytes", "[retention]\nmax_bytes = 10"),
+        ("retention-max-age", "[retention]\nmax_age = \"12h\""),
+        ("checkpoint-keep", "checkpoint_keep = 3"),
+        ("max-checkpoint-bytes", "max_checkpoint_bytes = 1024"),
+        ("log-format", "log_format = \"json\""),
+    ];
+
+    #[test]
+    fn every_flag_has_a_config_key() {
+        let command = Args::command();
+        for arg in command.get_arguments() {
+            let Some(flag) = arg.get_long() else { continue };
+            // The file cannot name itself.
+            if ["config", "help", "version"].contains(&flag) {
+                continue;
+            }
+            let (_, line) = KEYS
+                .iter()
+                .find(|(f, _)| *f == flag)
+                .unwrap_or_else(|| panic!("--{flag} has no config key"));
+            let file =
+                tetherd::config::FileConfig::parse(line, std::path::Path::new("t.toml")).unwrap();
+            assert_ne!(
+                file,
+                tetherd::config::FileConfig::default(),
+                "{line:?} sets nothing"
+            );
+        }
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        cli().debug_assert();
+    }
 }

@@ -14,6 +14,7 @@ mod checkpoint_durability;
 mod checkpoint_support;
 mod clean_start;
 mod compaction;
+mod config_keys;
 mod crash_resume;
 mod exit_codes;
 mod fault_clients;
