@@ -17,7 +17,7 @@ use tether_protocol::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::codec::FramedParts;
 
-use tether_bench::{connect, daemon_error, next, BoxError, Conn, READ_BYTES};
+use tether_bench::{connect, cpu_seconds, daemon_error, next, BoxError, Conn, READ_BYTES};
 
 /// How long a workload waits for the daemon it started to accept.
 pub const STARTUP_PATIENCE: Duration = Duration::from_secs(10);
@@ -211,21 +211,6 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
             line.split_whitespace().nth(1)?.parse::<u64>().ok()
         });
     kib.unwrap_or(0) as f64 / 1024.0
-}
-
-/// CPU time (user + system, all threads, living or exited) a process has
-/// used, in seconds; `None` when `/proc` cannot tell.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may hold
-    // spaces: state is field 3, utime 14 and stime 15.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    // In clock ticks of USER_HZ, which is 100 on Linux whatever the kernel's
-    // own tick rate.
-    Some((utime + stime) as f64 / 100.0)
 }
 
 /// CPU time the daemon and this process spend over a timed phase, per

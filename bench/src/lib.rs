@@ -131,3 +131,18 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     let rank = (p * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
+
+/// CPU time (user + system, all threads, living or exited) a process has
+/// used, in seconds; `None` when `/proc` cannot tell.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold
+    // spaces: state is field 3, utime 14 and stime 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // In clock ticks of USER_HZ, which is 100 on Linux whatever the kernel's
+    // own tick rate.
+    Some((utime + stime) as f64 / 100.0)
+}

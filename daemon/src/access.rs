@@ -260,6 +260,7 @@ fn may_be_read(name: &str) -> bool {
             | "ListStreams"
             | "Status"
             | "Storage"
+            | "Metrics"
             | "ListExecutions"
             | "ListExecutionsFull"
             | "CheckpointList"
@@ -484,6 +485,7 @@ mod tests {
             Request::CheckpointListFull {
                 execution: execution(),
             },
+            Request::Metrics,
         ] {
             assert_eq!(reader.permits_kind(read.kind()), Ok(()));
             assert_eq!(reader.permits(&read), Ok(()));

@@ -2,6 +2,7 @@
 //! them: the TOML config file ([`file`]), then `TETHER_*` environment
 //! variables, then command-line flags (applied by `main`).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -82,6 +83,32 @@ pub struct Config {
     /// The write-ahead log's size in bytes. A log that wraps keeps
     /// the size it had when it started to (see [`crate::wal`]).
     pub log_capacity: u64,
+    /// How log lines are written (see [`LogFormat`]).
+    pub log_format: LogFormat,
+    /// What `tether metrics` shows, and where else it is served.
+    pub metrics: MetricsConfig,
+}
+
+/// How the daemon writes its log lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Text lines to stderr, or the journal's own records under systemd.
+    #[default]
+    Text,
+    /// One JSON object per line, to stderr.
+    Json,
+}
+
+/// `[metrics]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// Globs of the streams shown one by one; empty: the busiest (see
+    /// [`crate::metrics::select`]).
+    pub streams: Vec<String>,
+    /// Where to serve the metrics over HTTP at `/metrics`; `None`: not
+    /// served over HTTP.
+    pub listen: Option<SocketAddr>,
 }
 
 impl Config {
@@ -104,6 +131,8 @@ impl Config {
             log_level: DEFAULT_LOG_LEVEL.to_owned(),
             default_max_restarts: None,
             log_capacity: crate::wal::DEFAULT_CAPACITY,
+            log_format: LogFormat::Text,
+            metrics: MetricsConfig::default(),
         }
     }
 

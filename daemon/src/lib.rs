@@ -27,6 +27,9 @@
 //! * [`notify`] reports readiness, status and watchdog pings to the
 //!   service manager; [`activation`] adopts a socket it passed.
 //! * [`inherited`] keeps descriptors the daemon inherited from its children.
+//! * [`logging`] chooses where log lines go (stderr, JSON, the journal).
+//! * [`metrics`] counts what `tether metrics` shows, and serves it over
+//!   HTTP when `[metrics] listen` is set.
 //! * [`config`], [`lock`], [`shutdown`] and [`error`] do what they say.
 
 pub mod access;
@@ -40,6 +43,8 @@ pub mod error;
 pub mod hub;
 pub mod ingest;
 pub mod lock;
+pub mod logging;
+pub mod metrics;
 pub mod notify;
 pub mod server;
 pub mod shutdown;
@@ -121,6 +126,7 @@ pub async fn run_with(
         checkpoint_keep: config.checkpoint_keep,
         max_checkpoint_bytes: config.max_checkpoint_bytes,
         log_capacity: config.log_capacity,
+        metrics: Arc::new(metrics::Metrics::new()),
         ..engine::QueueOptions::default()
     };
     let store_path = config.store_path();
@@ -136,6 +142,10 @@ pub async fn run_with(
         supervisor::Supervisor::start(queue.clone(), settings, CancellationToken::new()).await?;
     let inherited = launch.activated.is_some();
     let listener = listen(&config, launch.activated)?;
+    let metrics_listener = match config.metrics.listen {
+        Some(addr) => Some(metrics::http::bind(addr).await?),
+        None => None,
+    };
     tracing::info!(
         socket = %config.socket.display(),
         state_dir = %config.state_dir.display(),
@@ -159,6 +169,13 @@ pub async fn run_with(
     });
     let _reloads = launch.reloads.map(|rx| {
         AbortOnDropHandle::new(tokio::spawn(apply_reloads(queue.clone(), started_with, rx)))
+    });
+    let _metrics_http = metrics_listener.map(|listener| {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!("serving metrics at http://{addr}/metrics");
+        }
+        let task = metrics::http::serve(listener, shared.clone(), shutdown.clone());
+        AbortOnDropHandle::new(tokio::spawn(task))
     });
     let serving = server::serve(listener, shared, shutdown.clone());
     tokio::pin!(serving);

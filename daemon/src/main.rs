@@ -8,13 +8,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Registry};
 
 mod allocator;
+mod shell;
 
 /// The tether daemon: durable, sequence-numbered streams over a unix socket,
 /// and supervised workers whose output becomes streams.
@@ -59,18 +60,23 @@ struct Args {
     #[arg(long, value_name = "BYTES")]
     retention_max_bytes: Option<u64>,
 
-    /// Retention: age of the oldest frame kept, in seconds (0 = no limit).
-    #[arg(long, value_name = "SECS")]
-    retention_max_age: Option<u64>,
+    /// Retention: age of the oldest frame kept, e.g. 12h or 30d; a bare
+    /// number is seconds (0 = no limit).
+    #[arg(long, value_name = "DUR", value_parser = tetherd::config::file::parse_duration)]
+    retention_max_age: Option<Duration>,
 
-    /// Checkpoints kept per execution; older ones are deleted.
-    #[arg(long, value_name = "N", default_value_t = 10,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    checkpoint_keep: u32,
+    /// Checkpoints kept per execution; older ones are deleted [default: 10].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    checkpoint_keep: Option<u32>,
 
-    /// Largest checkpoint accepted, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = 8 * 1024 * 1024)]
-    max_checkpoint_bytes: usize,
+    /// Largest checkpoint accepted, in bytes [default: 8 MiB].
+    #[arg(long, value_name = "BYTES")]
+    max_checkpoint_bytes: Option<usize>,
+
+    /// How log lines are written: text (to stderr, or the journal under
+    /// systemd) or json (one object per line, to stderr) [default: text].
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<tetherd::config::LogFormat>,
 
     #[command(subcommand)]
     command: Option<Command>,
@@ -95,7 +101,23 @@ enum Command {
     /// while a daemon runs on the state directory, and with nothing
     /// changed when the copy would not fit on the disk.
     Repair,
+    /// Print a shell completion script (bash, zsh, fish, ...).
+    Completions {
+        /// The shell to print a completion script for.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Write a man page for every command into a directory.
+    Manpages {
+        /// The directory to write the pages to (created if missing).
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
+
+/// Set once logging writes JSON lines to stderr, so that nothing else
+/// writes plain text there.
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// `tetherd` and `tetherd check` exit with this when the store is damaged
 /// (`EX_DATAERR`); the shipped units do not restart on it.
@@ -103,33 +125,63 @@ const EXIT_DAMAGED: u8 = 65;
 
 fn main() -> ExitCode {
     allocator::configure();
-    let args = Args::parse();
+    let args = cli()
+        .try_get_matches()
+        .and_then(|mut matches| Args::from_arg_matches_mut(&mut matches))
+        .unwrap_or_else(|e| e.exit());
     // Read once and removed before any thread starts, so that shims and
     // workers do not inherit them.
     let listen_env = tetherd::activation::ListenEnv::take_from_process();
     let notify_env = tetherd::notify::NotifyEnv::take_from_process();
-    let command = args.command.clone();
-    let result = match command {
+    let result = match args.command.clone() {
         Some(Command::Check) => check(&args),
         Some(Command::Repair) => repair(&args),
+        Some(Command::Completions { shell }) => print(&shell::completions(shell, cli())),
+        Some(Command::Manpages { dir }) => shell::write_manpages(cli(), &dir).and_then(|paths| {
+            let listing: String = paths.iter().map(|p| format!("{}\n", p.display())).collect();
+            print(listing.as_bytes())
+        }),
         None => start(args, &listen_env, &notify_env),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
-            eprintln!("tetherd: error: {e}");
+            const REPAIR_HINT: &str = "`tetherd repair` (with the same --state-dir) copies the \
+                damaged files aside, keeps everything that verifies and says what was lost";
+            // With JSON logs every stderr line is JSON: the error was just
+            // logged as such, and so is the hint.
+            let json = JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed);
+            if !json {
+                eprintln!("tetherd: error: {e}");
+            }
             if e.is_damage() {
-                eprintln!(
-                    "tetherd: `tetherd repair` (with the same --state-dir) copies the damaged \
-                     files aside, keeps everything that verifies and says what was lost"
-                );
+                if json {
+                    tracing::error!("{REPAIR_HINT}");
+                } else {
+                    eprintln!("tetherd: {REPAIR_HINT}");
+                }
                 ExitCode::from(EXIT_DAMAGED)
             } else {
                 ExitCode::FAILURE
             }
         }
     }
+}
+
+/// The clap definition of `tetherd`, with the examples of every command.
+fn cli() -> clap::Command {
+    shell::with_examples(Args::command())
+}
+
+/// Writes `bytes` to stdout.
+fn print(bytes: &[u8]) -> tetherd::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(bytes)
+        .and_then(|()| stdout.flush())
+        .map_err(|e| tetherd::Error::io("cannot write to stdout", e))
 }
 
 /// `tetherd check`: reads the files of a stopped daemon's store; beside a
@@ -228,7 +280,7 @@ fn start(
     notify_env: &tetherd::notify::NotifyEnv,
 ) -> tetherd::Result<()> {
     let config = config_from(args.clone())?;
-    let log = init_tracing(&config.log_level);
+    let log = init_tracing(&config.log_level, config.log_format);
     // Before any thread starts, and before shims are started: see
     // `tetherd::inherited`.
     let marked = tether_protocol::inherited::close_on_exec_except(listen_env.passed())
@@ -286,15 +338,30 @@ fn reload(
 }
 
 fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
+    let source = tether_protocol::paths::from_process(|env| {
+        tetherd::config::ConfigSource::resolve(args.config.clone(), env)
+    });
+    let file = match source {
+        Some(source) => source.load()?,
+        None => tetherd::config::FileConfig::default(),
+    };
+    // The paths: the flag, else $TETHER_SOCKET / $TETHER_STATE_DIR, else
+    // the config file, else the standard places.
     let (socket, state_dir) = tether_protocol::paths::from_process(|env| {
-        (
-            args.socket
-                .clone()
-                .unwrap_or_else(|| tether_protocol::paths::default_socket(env)),
-            args.state_dir
-                .clone()
-                .or_else(|| tether_protocol::paths::default_state_dir(env)),
-        )
+        let set = |name: &str| (env.var)(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let socket = args
+            .socket
+            .clone()
+            .or_else(|| set("TETHER_SOCKET"))
+            .or_else(|| file.socket.path.clone())
+            .unwrap_or_else(|| tether_protocol::paths::default_socket(env));
+        let state_dir = args
+            .state_dir
+            .clone()
+            .or_else(|| set("TETHER_STATE_DIR"))
+            .or_else(|| file.state_dir.clone())
+            .or_else(|| tether_protocol::paths::default_state_dir(env));
+        (socket, state_dir)
     });
     let state_dir = state_dir.ok_or_else(|| {
         tetherd::Error::Config(
@@ -302,12 +369,7 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
         )
     })?;
     let mut config = tetherd::Config::new(socket, state_dir);
-    let file = tether_protocol::paths::from_process(|env| {
-        tetherd::config::ConfigSource::resolve(args.config.clone(), env)
-    });
-    if let Some(file) = file {
-        config.apply_file(&file.load()?);
-    }
+    config.apply_file(&file);
     tether_protocol::paths::from_process(|env| config.apply_env(env))?;
     if let Some(n) = args.max_frame_len {
         config.max_frame_len = n;
@@ -315,9 +377,18 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
     if let Some(n) = args.max_connections {
         config.max_connections = n.max(1);
     }
-    config.shim = args.shim;
-    config.checkpoint_keep = args.checkpoint_keep as usize;
-    config.max_checkpoint_bytes = args.max_checkpoint_bytes;
+    if let Some(shim) = args.shim {
+        config.shim = Some(shim);
+    }
+    if let Some(n) = args.checkpoint_keep {
+        config.checkpoint_keep = n as usize;
+    }
+    if let Some(n) = args.max_checkpoint_bytes {
+        config.max_checkpoint_bytes = n;
+    }
+    if let Some(format) = args.log_format {
+        config.log_format = format;
+    }
     let limit = |v: u64| (v > 0).then_some(v);
     if let Some(n) = args.retention_max_frames {
         config.retention.max_frames = limit(n);
@@ -325,8 +396,8 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
     if let Some(n) = args.retention_max_bytes {
         config.retention.max_bytes = limit(n);
     }
-    if let Some(n) = args.retention_max_age {
-        config.retention.max_age = limit(n).map(Duration::from_secs);
+    if let Some(age) = args.retention_max_age {
+        config.retention.max_age = (!age.is_zero()).then_some(age);
     }
     Ok(config)
 }
@@ -334,24 +405,100 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
 /// The handle that changes the log filter of the running subscriber.
 type LogHandle = reload::Handle<EnvFilter, Registry>;
 
-/// Logs go to stderr. Under journald (`JOURNAL_STREAM` set) the journal
-/// adds its own timestamps, so ours are left out. `level` was checked when
-/// the config was read; the filter can be replaced later through the
-/// returned handle.
-fn init_tracing(level: &str) -> LogHandle {
+/// Sets up logging where [`tetherd::logging::choose`] says: text or JSON
+/// lines on stderr, or the journal. `level` was checked when the config was
+/// read; the filter can be replaced later through the returned handle.
+fn init_tracing(level: &str, format: tetherd::config::LogFormat) -> LogHandle {
+    use tetherd::logging::{choose, stderr_id, Sink, JOURNAL_FALLBACK};
+    use tracing_subscriber::Layer;
+
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = reload::Layer::new(filter);
+    let journal_stream = std::env::var("JOURNAL_STREAM").ok();
+    let mut sink = choose(format, journal_stream.as_deref(), stderr_id());
+    let mut journal_error = None;
+    let journal = match sink {
+        // No prefix: an event's `execution` field becomes EXECUTION=.
+        Sink::Journal => match tracing_journald::layer() {
+            Ok(layer) => Some(layer.with_field_prefix(None)),
+            Err(e) => {
+                journal_error = Some(e);
+                sink = JOURNAL_FALLBACK;
+                None
+            }
+        },
+        _ => None,
+    };
     // Colours only for a person at a terminal, never into files or journald.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let output = tracing_subscriber::fmt::layer()
+    let text = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(colour)
         .with_target(false);
-    let registry = tracing_subscriber::registry().with(filter);
-    if std::env::var_os("JOURNAL_STREAM").is_some() {
-        registry.with(output.without_time().with_ansi(false)).init();
-    } else {
-        registry.with(output).init();
+    let output = match (sink, journal) {
+        (Sink::Journal, Some(journal)) => journal.boxed(),
+        (Sink::Json, _) => text.json().with_ansi(false).boxed(),
+        (Sink::Text { time: false }, _) => text.without_time().with_ansi(false).boxed(),
+        _ => text.with_ansi(colour).boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(output)
+        .init();
+    if sink == Sink::Json {
+        JSON_LOGS.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(e) = journal_error {
+        tracing::warn!("cannot reach the journal ({e}); logging to stderr instead");
     }
     handle
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// The config key of each flag, as a line of `tetherd.toml`.
+    const KEYS: &[(&str, &str)] = &[
+        ("socket", "[socket]\npath = \"/run/t.sock\""),
+        ("state-dir", "state_dir = \"/var/lib/t\""),
+        ("shim", "shim = \"/usr/libexec/tether-shim\""),
+        ("max-frame-len", "max_frame_len = 65536"),
+        ("max-connections", "max_connections = 10"),
+        ("retention-max-frames", "[retention]\nmax_frames = 10"),
+        ("retention-max-bytes", "[retention]\nmax_bytes = 10"),
+        ("retention-max-age", "[retention]\nmax_age = \"12h\""),
+        ("checkpoint-keep", "checkpoint_keep = 3"),
+        ("max-checkpoint-bytes", "max_checkpoint_bytes = 1024"),
+        ("log-format", "log_format = \"json\""),
+    ];
+
+    #[test]
+    fn every_flag_has_a_config_key() {
+        let command = Args::command();
+        for arg in command.get_arguments() {
+            let Some(flag) = arg.get_long() else { continue };
+            // The file cannot name itself.
+            if ["config", "help", "version"].contains(&flag) {
+                continue;
+            }
+            let (_, line) = KEYS
+                .iter()
+                .find(|(f, _)| *f == flag)
+                .unwrap_or_else(|| panic!("--{flag} has no config key"));
+            let file =
+                tetherd::config::FileConfig::parse(line, std::path::Path::new("t.toml")).unwrap();
+            assert_ne!(
+                file,
+                tetherd::config::FileConfig::default(),
+                "{line:?} sets nothing"
+            );
+        }
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        cli().debug_assert();
+    }
 }

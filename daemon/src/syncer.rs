@@ -35,10 +35,11 @@
 //! it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::metrics::Metrics;
 use crate::wal::SyncHandle;
 use crate::{Error, Result};
 
@@ -101,6 +102,8 @@ struct Shared {
     /// Whether a sync failed since the last durable job: `state.broken`,
     /// readable by the writer on every commit without the lock.
     failed: AtomicBool,
+    /// Where each sync's duration goes, for `tether metrics`.
+    timings: OnceLock<Arc<Metrics>>,
 }
 
 #[derive(Debug, Default)]
@@ -137,6 +140,7 @@ impl Syncer {
             synced: Condvar::new(),
             pending: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
+            timings: OnceLock::new(),
         });
         let sync_shared = shared.clone();
         let syncs = std::thread::Builder::new()
@@ -158,6 +162,12 @@ impl Syncer {
         syncer.tx = Some(tx);
         syncer.jobs = Some(jobs);
         Ok(syncer)
+    }
+
+    /// Records the duration of every later sync of the log in `metrics`
+    /// (only the first given is kept).
+    pub fn time_syncs(&self, metrics: Arc<Metrics>) {
+        let _ = self.shared.timings.set(metrics);
     }
 
     /// Runs `then` once `durable` holds, after every job sent before.
@@ -337,7 +347,11 @@ impl Shared {
         if self.lock_state().broken.is_some() {
             return;
         }
+        let started = std::time::Instant::now();
         let result = self.log.sync();
+        if let Some(metrics) = self.timings.get() {
+            metrics.synced(started.elapsed());
+        }
         let mut state = self.lock_state();
         #[cfg(test)]
         {

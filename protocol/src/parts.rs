@@ -5,7 +5,8 @@
 //! usual final answer (`Streams`, ...) with the rest, and a checkpoint too
 //! large for one message as `CheckpointPart` pieces of its data followed by
 //! the `Checkpoint` (or `CheckpointFull`) with its metadata and the last
-//! piece. [`Joiner`] puts
+//! piece. Metrics text too large for one message goes as `MetricsPart`
+//! pieces followed by the `Metrics` with the rest. [`Joiner`] puts
 //! such an answer back together, so that a reader sees one `Streams` (or
 //! `Checkpoint`) whatever its size.
 //!
@@ -68,6 +69,19 @@ impl Joiner {
             ) => {
                 self.gathered = Some(part);
                 return Ok(None);
+            }
+            (None, part @ MetricsPart(_)) => {
+                self.gathered = Some(part);
+                return Ok(None);
+            }
+            (Some(MetricsPart(mut all)), MetricsPart(more)) => {
+                all.push_str(&more);
+                self.gathered = Some(MetricsPart(all));
+                return Ok(None);
+            }
+            (Some(MetricsPart(mut all)), Metrics(rest)) => {
+                all.push_str(&rest);
+                Metrics(all)
             }
             (None, whole) if self.pieces.is_empty() => whole,
             (None, got) => {
@@ -232,6 +246,20 @@ mod tests {
                 data: Bytes::from_static(b"abcde"),
             })
         );
+    }
+
+    #[test]
+    fn metrics_pieces_are_joined_in_front_of_the_rest() {
+        let mut joiner = Joiner::new();
+        for piece in ["a 1\n", "b 2\n"] {
+            let part = Response::MetricsPart(piece.into());
+            assert!(joiner.push(part).unwrap().is_none());
+        }
+        let whole = joiner
+            .push(Response::Metrics("# EOF\n".into()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(whole, Response::Metrics("a 1\nb 2\n# EOF\n".into()));
     }
 
     #[test]

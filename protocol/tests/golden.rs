@@ -598,6 +598,7 @@ fn run_full_responses_encode_to_their_golden_bytes() {
 fn all_request_fixtures() -> Vec<(Request, &'static str)> {
     let mut all = request_fixtures();
     all.extend(run_full_request_fixtures());
+    all.extend(metrics_request_fixtures());
     all
 }
 
@@ -605,6 +606,7 @@ fn all_request_fixtures() -> Vec<(Request, &'static str)> {
 fn all_response_fixtures() -> Vec<(Response, &'static str)> {
     let mut all = response_fixtures();
     all.extend(run_full_response_fixtures());
+    all.extend(metrics_response_fixtures());
     all
 }
 
@@ -641,10 +643,11 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::RunFull(_) => "RunFull",
         Request::ListExecutionsFull { .. } => "ListExecutionsFull",
         Request::AppendStamped(_) => "AppendStamped",
+        Request::Metrics => "Metrics",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 28] = [
+const ALL_REQUEST_VARIANTS: [&str; 29] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -673,6 +676,7 @@ const ALL_REQUEST_VARIANTS: [&str; 28] = [
     "RunFull",
     "ListExecutionsFull",
     "AppendStamped",
+    "Metrics",
 ];
 
 /// See [`request_variant`].
@@ -713,10 +717,12 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::CheckpointsFullPart(_) => "CheckpointsFullPart",
         Response::ExecutionsFull(_) => "ExecutionsFull",
         Response::ExecutionsFullPart(_) => "ExecutionsFullPart",
+        Response::Metrics(_) => "Metrics",
+        Response::MetricsPart(_) => "MetricsPart",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 35] = [
+const ALL_RESPONSE_VARIANTS: [&str; 37] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -752,6 +758,8 @@ const ALL_RESPONSE_VARIANTS: [&str; 35] = [
     "CheckpointsFullPart",
     "ExecutionsFull",
     "ExecutionsFullPart",
+    "Metrics",
+    "MetricsPart",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {
@@ -946,5 +954,43 @@ fn fixtures_are_for_the_current_protocol_version() {
     assert_eq!(
         PROTOCOL_VERSION, FROZEN_VERSION,
         "PROTOCOL_VERSION changed: re-check every fixture here and set FROZEN_VERSION"
+    );
+}
+
+// Metrics (`tether metrics`): fixtures of their own, joined to the others
+// for the coverage and variant index checks.
+
+fn metrics_request_fixtures() -> Vec<(Request, &'static str)> {
+    vec![(Request::Metrics, "00000001 1c")]
+}
+
+fn metrics_response_fixtures() -> Vec<(Response, &'static str)> {
+    vec![
+        (
+            Response::Metrics("# EOF\n".into()),
+            "00000008 23 06 2320454f460a",
+        ),
+        (
+            Response::MetricsPart("a 1\n".into()),
+            "00000006 24 04 6120310a",
+        ),
+    ]
+}
+
+#[test]
+fn metrics_requests_encode_to_their_golden_bytes() {
+    check_fixtures(
+        metrics_request_fixtures(),
+        ClientCodec::new(),
+        ServerCodec::new(),
+    );
+}
+
+#[test]
+fn metrics_responses_encode_to_their_golden_bytes() {
+    check_fixtures(
+        metrics_response_fixtures(),
+        ServerCodec::new(),
+        ClientCodec::new(),
     );
 }

@@ -1,8 +1,8 @@
 //! The `tether` command line: global flags, one module per command, and
 //! the mapping of errors to exit codes.
 //!
-//! * [`publish`], [`tail`], [`streams`], [`status`], [`run`], [`ps`],
-//!   [`stop`], [`checkpoint`]: the commands.
+//! * [`publish`], [`tail`], [`streams`], [`status`], [`metrics`], [`run`],
+//!   [`ps`], [`stop`], [`checkpoint`]: the commands.
 //! * [`dial_stdio`]: the bridge that `--host ssh://` runs on the remote
 //!   machine.
 //! * [`attach`]: `attach` and `run --attach`, following an execution until
@@ -13,17 +13,22 @@
 //! * [`output`]: how frames are printed (plain and `--json`).
 //! * [`table`]: aligned text tables.
 //! * [`duration`]: durations such as `500ms` or `2m`.
+//! * [`shell`]: `completions` and `manpages`; [`examples`]: the examples
+//!   that end every command's `--help`.
 
 pub mod attach;
 pub mod checkpoint;
 pub mod dial_stdio;
 pub mod duration;
+pub mod examples;
 pub mod lines;
+pub mod metrics;
 pub mod output;
 pub mod ps;
 pub mod publish;
 pub mod run;
 pub mod run_env;
+pub mod shell;
 pub mod status;
 pub mod step;
 pub mod stop;
@@ -38,7 +43,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use tether::conn::{NoDaemonNotice, StorageFaultNotice};
 use tether::error::{humanize, EXIT_OK};
 use tether::{ConnectOptions, Connector, Endpoint, Error, Result};
@@ -123,6 +128,12 @@ enum Command {
     /// Bridge stdin and stdout to the local daemon's socket (what
     /// --host ssh:// runs on the remote machine).
     DialStdio,
+    /// Print the daemon's metrics in the Prometheus text format.
+    Metrics,
+    /// Print a shell completion script (bash, zsh, fish, ...).
+    Completions(shell::CompletionsArgs),
+    /// Write a man page for every command into a directory.
+    Manpages(shell::ManpagesArgs),
 }
 
 /// The environment variable naming a remote daemon, like `--host`.
@@ -181,7 +192,16 @@ fn no_daemon_hint(endpoint: &Endpoint, window: Duration) -> String {
 /// Parses the command line, runs the command and returns its exit code.
 /// Usage errors exit 2 (and `--help` 0) through clap.
 pub fn main() -> ExitCode {
-    let cli = Cli::try_parse().unwrap_or_else(|e| e.exit());
+    let cli = command()
+        .try_get_matches()
+        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches))
+        .unwrap_or_else(|e| e.exit());
+    // These two only print what the command line is; no daemon is needed.
+    match &cli.command {
+        Command::Completions(args) => return finish(shell::completions(args)),
+        Command::Manpages(args) => return finish(shell::manpages(args)),
+        _ => {}
+    }
     let host_env = std::env::var(HOST_ENV).ok();
     let endpoint = match endpoint(&cli, host_env.as_deref()) {
         Ok(endpoint) => endpoint,
@@ -219,10 +239,25 @@ pub fn main() -> ExitCode {
             Command::Attach(args) => Ok(attach::run(&context, args).await),
             Command::Wait(args) => Ok(wait::run(&context, args).await),
             Command::DialStdio => done(dial_stdio::run(&context).await),
+            Command::Metrics => done(metrics::run(&context).await),
+            Command::Completions(_) | Command::Manpages(_) => Ok(EXIT_OK),
         }
     });
     match outcome {
         Ok(code) => ExitCode::from(code),
+        Err(e) => report(&e),
+    }
+}
+
+/// The clap definition of `tether`, with the examples of every command.
+pub fn command() -> clap::Command {
+    examples::with_examples(Cli::command())
+}
+
+/// The exit code of a command that needs no daemon.
+fn finish(result: Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::from(EXIT_OK),
         Err(e) => report(&e),
     }
 }

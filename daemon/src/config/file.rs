@@ -12,17 +12,24 @@
 //! `TETHER_READERS_GROUP`,
 //! `TETHER_MAX_CONNECTIONS_PER_UID`,
 //! `TETHER_RETENTION_MAX_FRAMES`, `TETHER_RETENTION_MAX_BYTES`,
-//! `TETHER_RETENTION_MAX_AGE` (seconds), `TETHER_MAX_RESTARTS` and
-//! `TETHER_LOG_CAPACITY`.
+//! `TETHER_RETENTION_MAX_AGE` (a duration such as `30d`; a bare number is
+//! seconds), `TETHER_MAX_RESTARTS`, `TETHER_LOG_CAPACITY` and
+//! `TETHER_LOG_FORMAT`.
 //! `TETHER_CONFIG` names the file itself.
+//!
+//! Durations take units (`30s`, `12h`, `30d`, as humantime reads them); a
+//! bare number is seconds, so the older keys such as `max_age_secs` still
+//! read. The shipped sample, `systemd/tetherd.toml`, lists every key with
+//! its default; a test keeps the two in step.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use tether_protocol::paths::Env;
 
-use super::Config;
+use super::{Config, LogFormat};
 use crate::{Error, Result};
 
 /// The config file's name inside the config directory.
@@ -125,6 +132,16 @@ pub struct FileConfig {
     /// The write-ahead log's size in bytes, for a store whose log does not
     /// wrap yet.
     pub log_capacity: Option<u64>,
+    /// `text` or `json` (see [`LogFormat`]).
+    pub log_format: Option<LogFormat>,
+    /// The directory of the store (`--state-dir`).
+    pub state_dir: Option<PathBuf>,
+    /// The shim program (`--shim`).
+    pub shim: Option<PathBuf>,
+    /// Checkpoints kept per execution (`--checkpoint-keep`).
+    pub checkpoint_keep: Option<u32>,
+    /// Largest checkpoint accepted, in bytes (`--max-checkpoint-bytes`).
+    pub max_checkpoint_bytes: Option<u64>,
     /// The socket the daemon binds itself.
     #[serde(default)]
     pub socket: SocketSection,
@@ -137,12 +154,27 @@ pub struct FileConfig {
     /// Defaults for supervised runs.
     #[serde(default)]
     pub restart: RestartSection,
+    /// What `tether metrics` shows, and where else it is served.
+    #[serde(default)]
+    pub metrics: MetricsSection,
+}
+
+/// `[metrics]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Globs of the streams shown one by one; the rest are summed.
+    pub streams: Option<Vec<String>>,
+    /// `host:port` to serve the metrics on over HTTP, at `/metrics`.
+    pub listen: Option<SocketAddr>,
 }
 
 /// `[socket]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SocketSection {
+    /// Where to listen (`--socket`).
+    pub path: Option<PathBuf>,
     /// Permission bits, written in octal: `mode = 0o660`.
     pub mode: Option<u32>,
     /// Group name or numeric gid given to the socket.
@@ -165,8 +197,10 @@ pub struct RetentionSection {
     pub max_frames: Option<u64>,
     /// Payload bytes kept per stream.
     pub max_bytes: Option<u64>,
-    /// Age of the oldest frame kept, in seconds.
-    pub max_age_secs: Option<u64>,
+    /// Age of the oldest frame kept: a duration, or a number of seconds
+    /// (read from `max_age_secs` too, the key's older name).
+    #[serde(default, alias = "max_age_secs", deserialize_with = "duration")]
+    pub max_age: Option<Duration>,
 }
 
 /// `[restart]`.
@@ -217,8 +251,50 @@ impl FileConfig {
         if let Some(group) = &self.access.readers {
             check_group("access.readers", group)?;
         }
+        if self.checkpoint_keep == Some(0) {
+            return Err("checkpoint_keep: must be at least 1".into());
+        }
+        for glob in self.metrics.streams.iter().flatten() {
+            if glob.is_empty() {
+                return Err("metrics.streams: an empty glob matches no stream".into());
+            }
+        }
         Ok(())
     }
+}
+
+/// Reads a duration: a string with units (`"30s"`, `"12h"`, `"30d"`), or
+/// a whole number of seconds.
+fn duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Duration>, D::Error> {
+    struct Visitor;
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = Option<Duration>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a duration such as \"30s\", \"12h\" or \"30d\", or seconds")
+        }
+        fn visit_u64<E: serde::de::Error>(self, secs: u64) -> std::result::Result<Self::Value, E> {
+            Ok(Some(Duration::from_secs(secs)))
+        }
+        fn visit_i64<E: serde::de::Error>(self, secs: i64) -> std::result::Result<Self::Value, E> {
+            u64::try_from(secs)
+                .map(|secs| Some(Duration::from_secs(secs)))
+                .map_err(|_| E::custom(format!("{secs} seconds is negative")))
+        }
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> std::result::Result<Self::Value, E> {
+            parse_duration(text).map(Some).map_err(E::custom)
+        }
+    }
+    d.deserialize_any(Visitor)
+}
+
+/// Parses `"30d"`, `"12h 30m"` or `"90"` (seconds).
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration such as \"30s\", \"12h\" or \"30d\": {e}"))
 }
 
 impl Config {
@@ -254,11 +330,29 @@ impl Config {
         let r = &file.retention;
         set_limit(&mut self.retention.max_frames, r.max_frames);
         set_limit(&mut self.retention.max_bytes, r.max_bytes);
-        if let Some(secs) = r.max_age_secs {
-            self.retention.max_age = (secs > 0).then(|| Duration::from_secs(secs));
+        if let Some(age) = r.max_age {
+            self.retention.max_age = (!age.is_zero()).then_some(age);
         }
         if let Some(n) = file.restart.max_restarts {
             self.default_max_restarts = Some(n);
+        }
+        if let Some(format) = file.log_format {
+            self.log_format = format;
+        }
+        if let Some(shim) = &file.shim {
+            self.shim = Some(shim.clone());
+        }
+        if let Some(n) = file.checkpoint_keep {
+            self.checkpoint_keep = n.max(1) as usize;
+        }
+        if let Some(n) = file.max_checkpoint_bytes {
+            self.max_checkpoint_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(globs) = &file.metrics.streams {
+            self.metrics.streams = globs.clone();
+        }
+        if let Some(addr) = file.metrics.listen {
+            self.metrics.listen = Some(addr);
         }
     }
 
@@ -322,8 +416,20 @@ impl Config {
             set_limit(&mut self.retention.max_bytes, Some(n));
         }
         if let Some(v) = get("TETHER_RETENTION_MAX_AGE") {
-            let secs = number("TETHER_RETENTION_MAX_AGE", &v)?;
-            self.retention.max_age = (secs > 0).then(|| Duration::from_secs(secs));
+            let age = parse_duration(&v).map_err(|e| fail("TETHER_RETENTION_MAX_AGE", e))?;
+            self.retention.max_age = (!age.is_zero()).then_some(age);
+        }
+        if let Some(v) = get("TETHER_LOG_FORMAT") {
+            self.log_format = match v.as_str() {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                _ => {
+                    return Err(fail(
+                        "TETHER_LOG_FORMAT",
+                        format!("{v:?} is not a log format (text or json)"),
+                    ))
+                }
+            };
         }
         if let Some(v) = get("TETHER_LOG_CAPACITY") {
             let n = number("TETHER_LOG_CAPACITY", &v)?;
@@ -381,6 +487,12 @@ impl Config {
             "max_checkpoint_bytes",
             self.max_checkpoint_bytes != new.max_checkpoint_bytes,
         );
+        differs("log_format", self.log_format != new.log_format);
+        differs(
+            "metrics.streams",
+            self.metrics.streams != new.metrics.streams,
+        );
+        differs("metrics.listen", self.metrics.listen != new.metrics.listen);
         keys
     }
 }
@@ -473,6 +585,8 @@ fn check_group(key: &str, group: &str) -> std::result::Result<(), String> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn parse(text: &str) -> Result<FileConfig> {
@@ -503,29 +617,105 @@ mod tests {
         let mut config = base();
         config.apply_file(&file);
         assert_eq!(format!("{config:?}"), format!("{:?}", base()));
-        // Every key the file may hold appears in the sample, set or
-        // commented out.
-        for key in [
-            "log_level",
-            "max_frame_len",
-            "max_connections",
-            "max_connections_per_uid",
-            "max_partial_bytes",
-            "log_capacity",
-            "[socket]",
-            "mode",
-            "group",
-            "[access]",
-            "readers",
-            "[retention]",
-            "max_frames",
-            "max_bytes",
-            "max_age_secs",
-            "[restart]",
-            "max_restarts",
-        ] {
-            assert!(sample.contains(key), "the sample lacks {key}");
+    }
+
+    /// The names a struct accepts, read from its own "unknown field" error
+    /// for `text`; `None` when `text` fails for another reason.
+    fn fields_named_by(text: &str) -> Option<Vec<String>> {
+        let err = toml::from_str::<FileConfig>(text).unwrap_err().to_string();
+        let (_, list) = err.split_once("unknown field `__probe`, expected")?;
+        let list = list.lines().next().unwrap_or("");
+        Some(
+            list.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    /// Every key the config structs accept, as `key` or `section.key`.
+    fn accepted_keys() -> BTreeSet<String> {
+        let mut keys = BTreeSet::new();
+        for key in fields_named_by("__probe = 1").unwrap() {
+            match fields_named_by(&format!("[{key}]\n__probe = 1\n")) {
+                Some(fields) => keys.extend(fields.iter().map(|f| format!("{key}.{f}"))),
+                None => {
+                    keys.insert(key);
+                }
+            }
         }
+        keys
+    }
+
+    /// Every key the sample sets or shows commented out.
+    fn sample_keys(sample: &str) -> BTreeSet<String> {
+        let mut keys = BTreeSet::new();
+        let mut section = String::new();
+        for line in sample.lines() {
+            let line = line.trim_start_matches('#').trim_start();
+            if let Some(rest) = line.strip_prefix('[') {
+                section = rest.split(']').next().unwrap().to_owned();
+                continue;
+            }
+            let Some((key, _)) = line.split_once(" = ") else {
+                continue;
+            };
+            if !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                keys.insert(if section.is_empty() {
+                    key.to_owned()
+                } else {
+                    format!("{section}.{key}")
+                });
+            }
+        }
+        keys
+    }
+
+    #[test]
+    fn the_shipped_sample_lists_every_key_and_no_other() {
+        let accepted = accepted_keys();
+        // A sanity check of the probing itself.
+        assert!(accepted.contains("retention.max_frames"), "{accepted:?}");
+        assert!(accepted.contains("log_level"), "{accepted:?}");
+        let sample = sample_keys(include_str!("../../../systemd/tetherd.toml"));
+        // An older name still read is not listed again.
+        let accepted: BTreeSet<String> = accepted
+            .into_iter()
+            .filter(|k| k != "retention.max_age_secs")
+            .collect();
+        let missing: Vec<_> = accepted.difference(&sample).collect();
+        assert!(missing.is_empty(), "the sample lacks {missing:?}");
+        let unknown: Vec<_> = sample.difference(&accepted).collect();
+        assert!(
+            unknown.is_empty(),
+            "the sample has keys no struct reads: {unknown:?}"
+        );
+    }
+
+    #[test]
+    fn durations_take_units_and_bare_seconds() {
+        let age = |text: &str| {
+            let mut config = base();
+            config.apply_file(&parse(text).unwrap());
+            config.retention.max_age
+        };
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(age("[retention]\nmax_age = \"30d\"\n"), Some(30 * day));
+        assert_eq!(age("[retention]\nmax_age = \"12h\"\n"), Some(day / 2));
+        assert_eq!(
+            age("[retention]\nmax_age = 60\n"),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            age("[retention]\nmax_age_secs = 60\n"),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(age("[retention]\nmax_age = \"0s\"\n"), None);
+        let err = parse("[retention]\nmax_age = \"soon\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_age") && err.contains("soon"), "{err}");
     }
 
     #[test]
@@ -549,6 +739,9 @@ mod tests {
             max_age_secs = 60
             [restart]
             max_restarts = 5
+            [metrics]
+            streams = ["a-*"]
+            listen = "127.0.0.1:9464"
             "#,
         )
         .unwrap();
@@ -567,6 +760,11 @@ mod tests {
         assert_eq!(config.retention.max_age, Some(Duration::from_secs(60)));
         assert_eq!(config.default_max_restarts, Some(5));
         assert_eq!(config.log_capacity, 1024 * 1024);
+        assert_eq!(config.metrics.streams, vec!["a-*".to_owned()]);
+        assert_eq!(
+            config.metrics.listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
     }
 
     #[test]

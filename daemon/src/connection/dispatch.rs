@@ -74,16 +74,22 @@ impl Session {
             // Producers retrying against a degraded store reconnect every
             // few seconds; their sessions are refused, and the fault is
             // logged once (see `crate::degraded`).
-            tracing::debug!(uid = self.peer.uid(), request, target, "control request");
+            tracing::debug!(
+                uid = self.peer.uid(),
+                request,
+                stream = target,
+                "control request"
+            );
             return;
         }
-        tracing::info!(
-            uid = self.peer.uid(),
-            pid = self.peer.pid(),
-            request,
-            target,
-            "control request"
-        );
+        // The target is named by the field the journal indexes (STREAM=
+        // or EXECUTION=), so that `journalctl STREAM=jobs` finds it.
+        let (uid, pid) = (self.peer.uid(), self.peer.pid());
+        match request {
+            _ if target.is_empty() => tracing::info!(uid, pid, request, "control request"),
+            "Append" => tracing::info!(uid, pid, request, stream = target, "control request"),
+            _ => tracing::info!(uid, pid, request, execution = target, "control request"),
+        }
     }
 
     /// Whether the session keeps its thread awake, yielding to any other
@@ -260,6 +266,11 @@ impl Session {
                 validate_name("execution", &execution)?;
                 let list = self.shared.queue.list_checkpoints_full(&execution).await?;
                 self.send_all(parts::checkpoints_full(list, self.max_frame_len())?)
+                    .await
+            }
+            Request::Metrics => {
+                let text = crate::metrics::text_of(&self.shared)?;
+                self.send_all(parts::metrics(text, self.max_frame_len())?)
                     .await
             }
             Request::Append(_) | Request::AppendStamped(_) | Request::DurableAck(_) => {

@@ -178,6 +178,40 @@ fn split_data(
     Ok(messages)
 }
 
+/// The metrics `text` as `MetricsPart` pieces and then `Metrics` with the
+/// rest, each of at most `max` bytes. Pieces end at line ends, so that
+/// each is whole lines of text; a single line longer than a message (a
+/// stream name is at most 255 bytes, so never in practice) is cut at a
+/// character boundary.
+pub(super) fn metrics(text: String, max: usize) -> Result<Vec<Response>> {
+    let room = max.saturating_sub(DATA_OVERHEAD);
+    if text.len() <= room {
+        return Ok(vec![Response::Metrics(text)]);
+    }
+    if room < 4 {
+        return Err(Error::AnswerTooLarge {
+            what: "the metrics text",
+            len: text.len(),
+            max,
+        });
+    }
+    let mut messages = Vec::new();
+    let mut rest = text.as_str();
+    while rest.len() > room {
+        let mut cut = rest[..room].rfind('\n').map_or(0, |i| i + 1);
+        if cut == 0 {
+            cut = room;
+            while !rest.is_char_boundary(cut) {
+                cut -= 1;
+            }
+        }
+        messages.push(Response::MetricsPart(rest[..cut].to_owned()));
+        rest = &rest[cut..];
+    }
+    messages.push(Response::Metrics(rest.to_owned()));
+    Ok(messages)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -339,5 +373,23 @@ mod tests {
             let whole = Response::Checkpoint(cp.clone());
             assert_fits_and_joins(checkpoint(cp, max).unwrap(), max, &whole);
         }
+    }
+
+    #[test]
+    fn metrics_text_is_cut_at_line_ends_and_joins_again() {
+        let text: String = (0..2000)
+            .map(|i| format!("tether_frames_appended_total{{stream=\"s{i}\"}} {i}\n"))
+            .collect::<String>()
+            + "# EOF\n";
+        let max = 4096;
+        let messages = metrics(text.clone(), max).unwrap();
+        assert!(messages.len() > 10);
+        for message in &messages[..messages.len() - 1] {
+            match message {
+                Response::MetricsPart(piece) => assert!(piece.ends_with('\n')),
+                other => panic!("expected MetricsPart, got {}", other.name()),
+            }
+        }
+        assert_fits_and_joins(messages, max, &Response::Metrics(text));
     }
 }

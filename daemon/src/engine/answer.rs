@@ -13,6 +13,7 @@ use super::commands::{Outcome, Reply};
 use super::writer::Writer;
 use super::{lock, CheckpointRefs};
 use crate::hub::{Hub, StreamUpdate};
+use crate::metrics::Metrics;
 use crate::syncer::{Durable, Then};
 use crate::Result;
 
@@ -45,6 +46,7 @@ pub(super) struct Publish {
     pub(super) updates: Vec<StreamUpdate>,
     pub(super) checkpoint_refs: CheckpointRefs,
     pub(super) checkpoints: Vec<(String, CheckpointRef)>,
+    pub(super) metrics: Arc<Metrics>,
 }
 
 impl Publish {
@@ -53,6 +55,12 @@ impl Publish {
     /// finds the frames.
     fn advance(&mut self) {
         self.hub.advance(&self.updates);
+        // Counted here, once durable, and once per commit rather than
+        // per frame.
+        self.metrics.appended(self.updates.iter().map(|u| {
+            let bytes = u.frames.iter().map(|(_, f)| f.payload.len() as u64).sum();
+            (u.stream.as_str(), u.frames.len() as u64, bytes)
+        }));
         if !self.checkpoints.is_empty() {
             let mut refs = lock(&self.checkpoint_refs);
             for (execution, reference) in self.checkpoints.drain(..) {

@@ -498,6 +498,7 @@ impl Writer {
             updates,
             checkpoint_refs: self.checkpoint_refs.clone(),
             checkpoints: staged.checkpoints,
+            metrics: self.opts.metrics.clone(),
         }
     }
 }

@@ -165,6 +165,7 @@ impl Writer {
                 }],
                 checkpoint_refs: self.checkpoint_refs.clone(),
                 checkpoints: Vec::new(),
+                metrics: self.opts.metrics.clone(),
             };
             self.answer(durable, Some(publish), Vec::new(), Vec::new());
             // More may be due than one batch deletes.

@@ -51,6 +51,7 @@ use crate::config::Retention;
 use crate::degraded::{Fault, StorageHealth};
 use crate::hub::{FollowerBudget, Hub};
 use crate::ingest::{self, IngestAppend};
+use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::subscription::Subscription;
 use crate::syncer::Syncer;
@@ -97,6 +98,8 @@ pub struct QueueOptions {
     pub log_capacity: u64,
     /// Opens the store's files (see [`Store::open_with`]).
     pub opener: Arc<dyn crate::store_io::Opener>,
+    /// The counters `tether metrics` shows.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Default for QueueOptions {
@@ -109,6 +112,7 @@ impl Default for QueueOptions {
             max_checkpoint_bytes: 8 * 1024 * 1024,
             log_capacity: crate::wal::DEFAULT_CAPACITY,
             opener: Arc::new(crate::store_io::OsOpener),
+            metrics: Arc::new(Metrics::new()),
         }
     }
 }
@@ -149,6 +153,7 @@ struct Inner {
     in_flight: Arc<Semaphore>,
     /// Whether the store can be written (see [`crate::degraded`]).
     health: StorageHealth,
+    metrics: Arc<Metrics>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -171,11 +176,14 @@ impl Queue {
         let checkpoint_refs = Arc::new(Mutex::new(newest_valid_checkpoints(&store)?));
         let hub = Arc::new(Hub::new(FollowerBudget::default()));
         let health = StorageHealth::default();
+        let metrics = opts.metrics.clone();
+        let syncer = Syncer::start(store.wal_sync_handle())?;
+        syncer.time_syncs(metrics.clone());
         let (tx, rx) = mpsc::channel(COMMAND_CAPACITY);
         let mut writer = Writer {
             store: store.clone(),
             hub: hub.clone(),
-            syncer: Syncer::start(store.wal_sync_handle())?,
+            syncer,
             checkpoint_refs: checkpoint_refs.clone(),
             opts,
             rx,
@@ -208,6 +216,7 @@ impl Queue {
                 writer: Mutex::new(Some(handle)),
                 in_flight: Arc::new(Semaphore::new(IN_FLIGHT_BUDGET)),
                 health,
+                metrics,
             }),
         })
     }
@@ -527,7 +536,6 @@ impl Queue {
             .await
     }
 
-    /// Size of the store file on disk.
     /// Reads every stored frame and checks it (see [`Store::verify`]).
     pub async fn verify(&self) -> Result<String> {
         self.read(|store| store.verify()).await
@@ -538,6 +546,12 @@ impl Queue {
         self.inner.health.fault()
     }
 
+    /// The counters `tether metrics` shows.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The bytes of the store's files on disk, the log's included.
     pub fn store_bytes(&self) -> u64 {
         self.inner.store.file_size()
     }

@@ -361,6 +361,7 @@ impl Writer {
         // Only a commit the syncer will sync for gives it a head start.
         let sync_ahead = matches!(self.answered_by(true, replies.iter()), AnsweredBy::Syncer)
             .then(|| self.syncer.sync_ahead());
+        let started = Instant::now();
         let committed = store.write_logged(
             |txn| {
                 for request in requests {
@@ -377,6 +378,7 @@ impl Writer {
         );
         match committed {
             Ok(((), durable)) => {
+                self.opts.metrics.committed(started.elapsed());
                 let publish = self.publish(staged);
                 let answers = replies.into_iter().zip(results).collect();
                 self.answer(durable, Some(publish), answers, in_flight);

@@ -557,9 +557,14 @@ impl Store {
         &self.path
     }
 
-    /// Size of the store file on disk, 0 when it cannot be read.
+    /// The bytes of every file of the store: redb's file and the log.
+    /// A file that cannot be read counts as empty: the size is shown, not
+    /// relied on.
     pub fn file_size(&self) -> u64 {
-        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+        [self.path.clone(), self.path.with_extension("wal")]
+            .iter()
+            .map(|path| std::fs::metadata(path).map_or(0, |m| m.len()))
+            .sum()
     }
 
     /// The database handle for one operation. Holding the read guard keeps

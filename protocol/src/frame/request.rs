@@ -126,6 +126,10 @@ pub enum Request {
     /// own clock). Sent only to a daemon that granted
     /// [`Capabilities::APPEND_STAMPED`]. Answered like an append.
     AppendStamped(AppendStamped),
+    /// Ask for the daemon's metrics as Prometheus text (counts only, never
+    /// payloads). Answered with [`Response::Metrics`], after
+    /// [`Response::MetricsPart`]s when the text does not fit in one message.
+    Metrics,
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
@@ -166,6 +170,7 @@ impl Request {
             Request::RunFull(_) => 25,
             Request::ListExecutionsFull { .. } => 26,
             Request::AppendStamped(_) => Self::APPEND_STAMPED_KIND,
+            Request::Metrics => 28,
         }
     }
 
@@ -202,6 +207,7 @@ impl Request {
             "RunFull",
             "ListExecutionsFull",
             "AppendStamped",
+            "Metrics",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -237,6 +243,7 @@ impl Request {
             Request::RunFull(_) => "RunFull",
             Request::ListExecutionsFull { .. } => "ListExecutionsFull",
             Request::AppendStamped(_) => "AppendStamped",
+            Request::Metrics => "Metrics",
         }
     }
 }

@@ -99,6 +99,13 @@ pub enum Response {
     /// A leading part of the answer to [`Request::ListExecutionsFull`]; see
     /// [`Response::StreamsPart`].
     ExecutionsFullPart(Vec<ExecutionDetail>),
+    /// Answer to [`Request::Metrics`]: Prometheus text (OpenMetrics),
+    /// ending with `# EOF`.
+    Metrics(String),
+    /// A leading piece of the text of the [`Response::Metrics`] that
+    /// follows, for a text too large for one message; pieces end at line
+    /// ends, and the client joins them in order.
+    MetricsPart(String),
 }
 
 impl Response {
@@ -145,6 +152,8 @@ impl Response {
             Response::CheckpointsFullPart(_) => "CheckpointsFullPart",
             Response::ExecutionsFull(_) => "ExecutionsFull",
             Response::ExecutionsFullPart(_) => "ExecutionsFullPart",
+            Response::Metrics(_) => "Metrics",
+            Response::MetricsPart(_) => "MetricsPart",
         }
     }
 }

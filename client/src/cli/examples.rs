@@ -1,0 +1,130 @@
+//! The examples that end every command's `--help`, kept in one table so
+//! that the command definitions stay about flags, and added to the clap
+//! command tree by [`with_examples`]. A test walks the tree and fails for
+//! any command without examples.
+
+use clap::Command;
+
+/// Examples per command, by its path below `tether` ("" for `tether`
+/// itself, "checkpoint save" for a nested one).
+const EXAMPLES: &[(&str, &str)] = &[
+    (
+        "",
+        "  tether publish build-log < build.txt
+  tether tail -f build-log
+  tether run --name agent -- python3 agent.py
+  tether completions bash > ~/.local/share/bash-completion/completions/tether",
+    ),
+    (
+        "publish",
+        "  make 2>&1 | tether publish build-log
+  tether publish events --producer importer-1 < events.jsonl",
+    ),
+    (
+        "tail",
+        "  tether tail build-log
+  tether tail -f -n 20 build-log
+  tether tail --consumer indexer -f events
+  tether tail --cursor-file pos.txt --count 100 events",
+    ),
+    ("streams", "  tether streams\n  tether streams --json"),
+    ("status", "  tether status\n  tether status --json"),
+    (
+        "metrics",
+        "  tether metrics
+  tether metrics | grep tether_frames_appended_total",
+    ),
+    (
+        "run",
+        "  tether run -- ./crawl.sh
+  tether run --name agent --restart always -- python3 agent.py
+  tether run --env MODE=fast --cwd /srv/job --attach -- ./job",
+    ),
+    ("ps", "  tether ps\n  tether ps --all --json"),
+    (
+        "stop",
+        "  tether stop agent\n  tether stop --timeout 30s 3f2a9c",
+    ),
+    (
+        "checkpoint",
+        "  tether checkpoint save < state.json
+  tether checkpoint load --execution agent > state.json
+  tether checkpoint list agent",
+    ),
+    (
+        "checkpoint save",
+        "  tether checkpoint save < state.json
+  tether checkpoint save --execution agent --schema-version 2 < state.json",
+    ),
+    (
+        "checkpoint load",
+        "  tether checkpoint load > state.json
+  tether checkpoint load --execution agent --schema-version 2",
+    ),
+    (
+        "checkpoint list",
+        "  tether checkpoint list agent\n  tether checkpoint list agent --json",
+    ),
+    (
+        "step",
+        "  tether step run fetch -- curl -s https://example.com/data
+  tether step list agent",
+    ),
+    (
+        "step run",
+        "  tether step run fetch -- curl -s https://example.com/data
+  tether step run --execution agent compile -- make",
+    ),
+    (
+        "step get",
+        "  tether step get fetch\n  tether step get --execution agent fetch",
+    ),
+    (
+        "step put",
+        "  echo done | tether step put notify\n  tether step put --execution agent fetch < result.json",
+    ),
+    ("step list", "  tether step list\n  tether step list agent --json"),
+    (
+        "step clear",
+        "  tether step clear fetch\n  tether step clear --all --execution agent",
+    ),
+    (
+        "dial-stdio",
+        "  tether --host ssh://ops@build-1 status    (runs `tether dial-stdio` there)",
+    ),
+    (
+        "completions",
+        "  tether completions bash > ~/.local/share/bash-completion/completions/tether
+  tether completions zsh > ~/.zfunc/_tether
+  tether completions fish > ~/.config/fish/completions/tether.fish",
+    ),
+    (
+        "manpages",
+        "  tether manpages ~/.local/share/man/man1\n  man tether-tail",
+    ),
+];
+
+/// `command` (the tree of `tether`'s commands) with each command's
+/// examples as the end of its help.
+pub fn with_examples(command: Command) -> Command {
+    add(command, "")
+}
+
+fn add(mut command: Command, path: &str) -> Command {
+    if let Some((_, text)) = EXAMPLES.iter().find(|(p, _)| *p == path) {
+        command = command.after_help(format!("Examples:\n{text}"));
+    }
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|sub| sub.get_name().to_owned())
+        .collect();
+    for name in names {
+        let sub_path = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path} {name}")
+        };
+        command = command.mut_subcommand(&name, |sub| add(sub, &sub_path));
+    }
+    command
+}
