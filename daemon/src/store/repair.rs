@@ -305,10 +305,36 @@ fn rebuild(
     Ok(rebuilt)
 }
 
-/// A change to the new store waiting in a batch.
+/// A change to the new store waiting in a batch, applied in the order
+/// the log made them.
 enum Change {
-    Chunk { key: (u64, u64), bytes: Vec<u8> },
-    RemoveChunksBelow { stream_id: u64, below: u64 },
+    Chunk {
+        key: (u64, u64),
+        bytes: Vec<u8>,
+    },
+    RemoveChunksBelow {
+        stream_id: u64,
+        below: u64,
+    },
+    Checkpoint {
+        execution: String,
+        id: u64,
+        record: Vec<u8>,
+    },
+    RemoveCheckpointsBelow {
+        execution: String,
+        below: u64,
+    },
+    Step {
+        execution: String,
+        step: String,
+        result: Vec<u8>,
+        recorded_micros: u64,
+    },
+    ClearStep {
+        execution: String,
+        step: String,
+    },
 }
 
 /// The new store being built.
@@ -589,15 +615,53 @@ impl<'s> Build<'s> {
                         .insert((stream_id, consumer.to_owned()), acked_through);
                 }
                 Op::NextStreamId(id) => self.next_stream_id = self.next_stream_id.max(id),
+                // Kept as recorded: a checkpoint that fails its checksum
+                // is listed as invalid and never handed out, as in the
+                // daemon.
+                Op::Checkpoint {
+                    execution,
+                    id,
+                    record,
+                } => self.push(Change::Checkpoint {
+                    execution: execution.to_owned(),
+                    id,
+                    record: record.0.to_vec(),
+                })?,
+                Op::RemoveCheckpointsBelow { execution, below } => {
+                    self.push(Change::RemoveCheckpointsBelow {
+                        execution: execution.to_owned(),
+                        below,
+                    })?;
+                }
+                Op::Step {
+                    execution,
+                    step,
+                    result,
+                    recorded_micros,
+                } => self.push(Change::Step {
+                    execution: execution.to_owned(),
+                    step: step.to_owned(),
+                    result: result.0.to_vec(),
+                    recorded_micros,
+                })?,
+                Op::ClearStep { execution, step } => self.push(Change::ClearStep {
+                    execution: execution.to_owned(),
+                    step: step.to_owned(),
+                })?,
             }
         }
         Ok(())
     }
 
     fn push(&mut self, change: Change) -> Result<()> {
-        if let Change::Chunk { key, bytes } = &change {
-            self.batch_bytes += bytes.len();
-            self.chunk_ids.insert(key.0);
+        match &change {
+            Change::Chunk { key, bytes } => {
+                self.batch_bytes += bytes.len();
+                self.chunk_ids.insert(key.0);
+            }
+            Change::Checkpoint { record, .. } => self.batch_bytes += record.len(),
+            Change::Step { result, .. } => self.batch_bytes += result.len(),
+            _ => {}
         }
         self.batch.push(change);
         if self.batch_bytes >= BATCH_BYTES {
@@ -615,6 +679,9 @@ impl<'s> Build<'s> {
         }
         self.write(|txn| {
             let mut chunks = txn.open_table(CHUNKS).map_err(storage)?;
+            let mut checkpoints = txn.open_table(CHECKPOINTS).map_err(storage)?;
+            let mut steps = txn.open_table(STEPS).map_err(storage)?;
+            let mut step_times = txn.open_table(STEP_TIMES).map_err(storage)?;
             for change in &batch {
                 match change {
                     Change::Chunk { key, bytes } => {
@@ -623,6 +690,36 @@ impl<'s> Build<'s> {
                     Change::RemoveChunksBelow { stream_id, below } => chunks
                         .retain_in((*stream_id, 0)..(*stream_id, *below), |_, _| false)
                         .map_err(storage)?,
+                    Change::Checkpoint {
+                        execution,
+                        id,
+                        record,
+                    } => {
+                        checkpoints
+                            .insert((execution.as_str(), *id), record.as_slice())
+                            .map_err(storage)?;
+                    }
+                    Change::RemoveCheckpointsBelow { execution, below } => {
+                        let execution = execution.as_str();
+                        checkpoints
+                            .retain_in((execution, 0)..(execution, *below), |_, _| false)
+                            .map_err(storage)?;
+                    }
+                    Change::Step {
+                        execution,
+                        step,
+                        result,
+                        recorded_micros,
+                    } => {
+                        let key = (execution.as_str(), step.as_str());
+                        steps.insert(key, result.as_slice()).map_err(storage)?;
+                        step_times.insert(key, *recorded_micros).map_err(storage)?;
+                    }
+                    Change::ClearStep { execution, step } => {
+                        let key = (execution.as_str(), step.as_str());
+                        steps.remove(key).map_err(storage)?;
+                        step_times.remove(key).map_err(storage)?;
+                    }
                 }
             }
             Ok(())
