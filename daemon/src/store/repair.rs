@@ -353,6 +353,10 @@ struct Build<'s> {
     chunk_ids: std::collections::BTreeSet<u64>,
     notes: Vec<String>,
     store_lost: bool,
+    /// The executions whose manifests the old store file held.
+    executions: std::collections::BTreeSet<String>,
+    /// The executions the log's records keep checkpoints or steps of.
+    logged_executions: std::collections::BTreeSet<String>,
 }
 
 impl<'s> Build<'s> {
@@ -369,6 +373,8 @@ impl<'s> Build<'s> {
             chunk_ids: std::collections::BTreeSet::new(),
             notes: Vec::new(),
             store_lost: false,
+            executions: std::collections::BTreeSet::new(),
+            logged_executions: std::collections::BTreeSet::new(),
         }
     }
 
@@ -414,7 +420,8 @@ impl<'s> Build<'s> {
         self.next_stream_id = self.next_stream_id.max(next.unwrap_or(1));
         // Executions, checkpoints and step results, whole.
         let mut executions = Vec::new();
-        self.read_table(&txn, EXECUTIONS, "executions", |_, id, manifest| {
+        self.read_table(&txn, EXECUTIONS, "executions", |build, id, manifest| {
+            build.executions.insert(id.to_owned());
             executions.push((id.to_owned(), manifest.to_vec()));
         });
         let mut checkpoints = Vec::new();
@@ -654,6 +661,11 @@ impl<'s> Build<'s> {
     }
 
     fn push(&mut self, change: Change) -> Result<()> {
+        if let Change::Checkpoint { execution, .. } | Change::Step { execution, .. } = &change {
+            if !self.logged_executions.contains(execution) {
+                self.logged_executions.insert(execution.clone());
+            }
+        }
         match &change {
             Change::Chunk { key, bytes } => {
                 self.batch_bytes += bytes.len();
@@ -762,6 +774,12 @@ impl<'s> Build<'s> {
             store_lost: self.store_lost,
             ..Rebuilt::default()
         };
+        for execution in self.logged_executions.difference(&self.executions) {
+            rebuilt.notes.push(format!(
+                "the manifest of execution {execution} (only the store file held it); its \
+                 checkpoints and step results in the log were kept"
+            ));
+        }
         let skip = doubt.map_or(0, |(_, bytes)| bytes / MIN_FRAME_BYTES + 1);
         let mut named: Vec<(u64, (String, StreamMeta))> = self.streams.drain().collect();
         named.sort_by_key(|(id, _)| *id);

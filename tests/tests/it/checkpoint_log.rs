@@ -3,7 +3,9 @@
 //! there as given), made durable by the log's sync. What a crash leaves
 //! holds every acknowledged one: after `kill -9`, in a copy of the files
 //! taken while the daemon runs, and, through `tetherd repair`, when the
-//! store file is garbage and only the log is left.
+//! store file is garbage and only the log is left (the execution's
+//! manifest, which only the store file held, is then reported lost, and
+//! its checkpoints and steps are still served).
 
 use std::path::Path;
 use std::time::Duration;
@@ -189,6 +191,9 @@ fn repair_rebuilds_checkpoints_and_steps_from_the_log_when_the_store_is_garbage(
         out.stdout.contains(&format!(
             "lost: the store file could not be opened (store {} is corrupt or unreadable",
             store.display()
+        )) && out.stdout.contains(&format!(
+            "\nlost: the manifest of execution {id} (only the store file held it); its \
+             checkpoints and step results in the log were kept\n"
         )),
         "{}",
         out.stdout
