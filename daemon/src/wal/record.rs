@@ -207,5 +207,12 @@ mod tests {
         let r = record(&all);
         let decoded: Vec<Op<'_>> = ops(&r.bytes[HEADER_LEN..]).collect::<Result<_>>().unwrap();
         assert_eq!(decoded, all);
+        // An op's variant index is its first byte on disk: the ops of
+        // version 4 come after every older one, which keep theirs.
+        let tags: Vec<u8> = all
+            .iter()
+            .map(|op| postcard::to_allocvec(op).unwrap()[0])
+            .collect();
+        assert_eq!(tags, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
     }
 }
