@@ -36,6 +36,9 @@ use crate::lock::StateLock;
 use crate::store_io::OsOpener;
 use crate::wal::{self, LogReader, Op, Wal};
 use crate::{Error, Result};
+use changes::Change;
+
+mod changes;
 
 /// Where the new store is built.
 const NEW_DIR: &str = "repair.new";
@@ -303,38 +306,6 @@ fn rebuild(
     let rebuilt = build.finish(doubt)?;
     new.close()?;
     Ok(rebuilt)
-}
-
-/// A change to the new store waiting in a batch, applied in the order
-/// the log made them.
-enum Change {
-    Chunk {
-        key: (u64, u64),
-        bytes: Vec<u8>,
-    },
-    RemoveChunksBelow {
-        stream_id: u64,
-        below: u64,
-    },
-    Checkpoint {
-        execution: String,
-        id: u64,
-        record: Vec<u8>,
-    },
-    RemoveCheckpointsBelow {
-        execution: String,
-        below: u64,
-    },
-    Step {
-        execution: String,
-        step: String,
-        result: Vec<u8>,
-        recorded_micros: u64,
-    },
-    ClearStep {
-        execution: String,
-        step: String,
-    },
 }
 
 /// The new store being built.
@@ -625,56 +596,29 @@ impl<'s> Build<'s> {
                 // Kept as recorded: a checkpoint that fails its checksum
                 // is listed as invalid and never handed out, as in the
                 // daemon.
-                Op::Checkpoint {
-                    execution,
-                    id,
-                    record,
-                } => self.push(Change::Checkpoint {
-                    execution: execution.to_owned(),
-                    id,
-                    record: record.0.to_vec(),
-                })?,
-                Op::RemoveCheckpointsBelow { execution, below } => {
-                    self.push(Change::RemoveCheckpointsBelow {
-                        execution: execution.to_owned(),
-                        below,
-                    })?;
+                op @ (Op::Checkpoint { .. }
+                | Op::RemoveCheckpointsBelow { .. }
+                | Op::Step { .. }
+                | Op::ClearStep { .. }) => {
+                    if let Some(change) = Change::of_execution_op(op) {
+                        self.push(change)?;
+                    }
                 }
-                Op::Step {
-                    execution,
-                    step,
-                    result,
-                    recorded_micros,
-                } => self.push(Change::Step {
-                    execution: execution.to_owned(),
-                    step: step.to_owned(),
-                    result: result.0.to_vec(),
-                    recorded_micros,
-                })?,
-                Op::ClearStep { execution, step } => self.push(Change::ClearStep {
-                    execution: execution.to_owned(),
-                    step: step.to_owned(),
-                })?,
             }
         }
         Ok(())
     }
 
     fn push(&mut self, change: Change) -> Result<()> {
-        if let Change::Checkpoint { execution, .. } | Change::Step { execution, .. } = &change {
+        if let Some(execution) = change.execution() {
             if !self.logged_executions.contains(execution) {
-                self.logged_executions.insert(execution.clone());
+                self.logged_executions.insert(execution.to_owned());
             }
         }
-        match &change {
-            Change::Chunk { key, bytes } => {
-                self.batch_bytes += bytes.len();
-                self.chunk_ids.insert(key.0);
-            }
-            Change::Checkpoint { record, .. } => self.batch_bytes += record.len(),
-            Change::Step { result, .. } => self.batch_bytes += result.len(),
-            _ => {}
+        if let Change::Chunk { key, .. } = &change {
+            self.chunk_ids.insert(key.0);
         }
+        self.batch_bytes += change.bytes();
         self.batch.push(change);
         if self.batch_bytes >= BATCH_BYTES {
             self.flush()?;
@@ -689,53 +633,7 @@ impl<'s> Build<'s> {
         if batch.is_empty() {
             return Ok(());
         }
-        self.write(|txn| {
-            let mut chunks = txn.open_table(CHUNKS).map_err(storage)?;
-            let mut checkpoints = txn.open_table(CHECKPOINTS).map_err(storage)?;
-            let mut steps = txn.open_table(STEPS).map_err(storage)?;
-            let mut step_times = txn.open_table(STEP_TIMES).map_err(storage)?;
-            for change in &batch {
-                match change {
-                    Change::Chunk { key, bytes } => {
-                        chunks.insert(*key, bytes.as_slice()).map_err(storage)?;
-                    }
-                    Change::RemoveChunksBelow { stream_id, below } => chunks
-                        .retain_in((*stream_id, 0)..(*stream_id, *below), |_, _| false)
-                        .map_err(storage)?,
-                    Change::Checkpoint {
-                        execution,
-                        id,
-                        record,
-                    } => {
-                        checkpoints
-                            .insert((execution.as_str(), *id), record.as_slice())
-                            .map_err(storage)?;
-                    }
-                    Change::RemoveCheckpointsBelow { execution, below } => {
-                        let execution = execution.as_str();
-                        checkpoints
-                            .retain_in((execution, 0)..(execution, *below), |_, _| false)
-                            .map_err(storage)?;
-                    }
-                    Change::Step {
-                        execution,
-                        step,
-                        result,
-                        recorded_micros,
-                    } => {
-                        let key = (execution.as_str(), step.as_str());
-                        steps.insert(key, result.as_slice()).map_err(storage)?;
-                        step_times.insert(key, *recorded_micros).map_err(storage)?;
-                    }
-                    Change::ClearStep { execution, step } => {
-                        let key = (execution.as_str(), step.as_str());
-                        steps.remove(key).map_err(storage)?;
-                        step_times.remove(key).map_err(storage)?;
-                    }
-                }
-            }
-            Ok(())
-        })
+        self.write(|txn| changes::apply(txn, &batch))
     }
 
     /// One write transaction on the new store, committed without
