@@ -141,6 +141,15 @@ fn a_checkpoint_and_a_step_result_are_logged_and_survive_kill_9_exactly() {
         damage::records_holding(&log, b"fetched: 42 items\n") >= 1,
         "the step's result is in a record of the log"
     );
+    // `tetherd check` applies those records too (in memory) and finds
+    // the store whole.
+    let checked = damage::check(sup.sb());
+    checked.assert_success();
+    assert!(
+        checked.stdout.starts_with("ok: 1 streams, "),
+        "{}",
+        checked.stdout
+    );
     sup.daemon().restart();
     assert_eq!(
         get_step(sup.sb(), &id, "fetch"),
