@@ -269,6 +269,13 @@ impl Syncer {
         self.shared.lock_state().broken.clone()
     }
 
+    /// A handle for readers to wait for the log's sync with.
+    pub fn durable_reads(&self) -> DurableReads {
+        DurableReads {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Finishes the jobs sent and waits for the threads.
     pub fn finish(&mut self) {
         drop(self.tx.take());
@@ -280,10 +287,54 @@ impl Syncer {
         }
         self.shared.lock_state().closing = true;
         self.shared.wanted.notify_all();
+        // Readers waiting for a sync that will not come now (see
+        // `DurableReads`).
+        self.shared.synced.notify_all();
         if let Some(syncs) = self.syncs.take() {
             if syncs.join().is_err() {
                 tracing::error!("the syncer thread panicked");
             }
+        }
+    }
+}
+
+/// Lets readers wait until what they read is durable. A logged commit is
+/// in redb, where any reader sees it, before the log's sync makes it
+/// durable; frames are held back by the hub until then, but checkpoints
+/// and step results are read from redb alone. So a read of those waits,
+/// after taking its snapshot, until the log is synced through every
+/// record appended so far (each commit it can see appended its record
+/// before committing): nothing is shown before it is durable. Most
+/// reads find the log synced already and do not wait.
+#[derive(Clone, Debug)]
+pub struct DurableReads {
+    shared: Arc<Shared>,
+}
+
+impl DurableReads {
+    /// Waits until the log is synced through every record appended so
+    /// far. Blocks: only for threads that may (a `spawn_blocking` read).
+    /// Fails while a failed sync leaves the log broken (until the writer
+    /// commits the store durably), and once the syncer is closing.
+    pub fn wait_synced(&self) -> Result<()> {
+        let ticket = self.shared.log.written();
+        let mut state = self.shared.lock_state();
+        loop {
+            if state.synced >= ticket {
+                return Ok(());
+            }
+            if let Some(broken) = &state.broken {
+                return Err(broken.clone());
+            }
+            if state.closing {
+                return Err(Error::ShuttingDown);
+            }
+            self.shared.want(&mut state, ticket);
+            state = self
+                .shared
+                .synced
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
 }

@@ -6,6 +6,7 @@
 //!   writes it: `[body length u32 LE][CRC-32 of number and body u32 LE]
 //!   [number u64 LE][body]`, one record after another from byte 0, so
 //!   that a test can damage one chosen record.
+//!   [`records_holding`] finds the records that logged given bytes.
 //! * [`flip_byte`], [`zero`] and [`truncate`] damage a file in place.
 //! * [`StateSnapshot`] remembers every byte of the state directory's
 //!   files (but the lock file, which each start writes its pid to) and
@@ -122,6 +123,19 @@ pub fn body(log: &Path, record: &Record) -> Vec<u8> {
             )
         });
     body
+}
+
+/// How many of the log's [`records`] hold `needle` in their body: a
+/// change the daemon logged carries its bytes there as given.
+pub fn records_holding(log: &Path, needle: &[u8]) -> usize {
+    records(log)
+        .iter()
+        .filter(|record| {
+            body(log, record)
+                .windows(needle.len())
+                .any(|window| window == needle)
+        })
+        .count()
 }
 
 /// Inverts some bits of the byte at `offset` (XOR 0x5a), in place.

@@ -54,7 +54,7 @@ use crate::ingest::{self, IngestAppend};
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::subscription::Subscription;
-use crate::syncer::Syncer;
+use crate::syncer::{DurableReads, Syncer};
 use crate::{Error, Result};
 
 use cache::State;
@@ -146,6 +146,9 @@ struct Inner {
     store: Arc<Store>,
     hub: Arc<Hub>,
     checkpoint_refs: CheckpointRefs,
+    /// Holds reads of checkpoints and step results until what they saw
+    /// is durable.
+    durable_reads: DurableReads,
     /// `None` once closing began: new commands are refused.
     tx: Mutex<Option<mpsc::Sender<Command>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -206,12 +209,14 @@ impl Queue {
         writer.install(snapshot);
         // The hub has every stream before anyone can subscribe.
         writer.syncer.wait_for_jobs();
+        let durable_reads = writer.syncer.durable_reads();
         let handle = spawn_writer(writer)?;
         Ok(Queue {
             inner: Arc::new(Inner {
                 store,
                 hub,
                 checkpoint_refs,
+                durable_reads,
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
                 in_flight: Arc::new(Semaphore::new(IN_FLIGHT_BUDGET)),
@@ -312,7 +317,7 @@ impl Queue {
         schema_version: Option<u32>,
     ) -> Result<Option<CheckpointFull>> {
         let execution = execution.to_owned();
-        self.read(move |store| {
+        self.read_durable(move |store| {
             store.find_checkpoint(&execution, |id, record| {
                 checkpoint::loadable_full(&execution, id, record, schema_version)
             })
@@ -323,7 +328,7 @@ impl Queue {
     /// [`Queue::list_checkpoints`] with each one's user metadata.
     pub async fn list_checkpoints_full(&self, execution: &str) -> Result<Vec<CheckpointEntry>> {
         let execution = execution.to_owned();
-        self.read(move |store| {
+        self.read_durable(move |store| {
             store.map_checkpoints(&execution, |id, record| {
                 let inspected = checkpoint::inspect(id, record);
                 CheckpointEntry {
@@ -339,7 +344,7 @@ impl Queue {
     /// skipped (and logged). `None` when it has none that is valid.
     pub async fn load_checkpoint(&self, execution: &str) -> Result<Option<Checkpoint>> {
         let execution = execution.to_owned();
-        self.read(move |store| {
+        self.read_durable(move |store| {
             store.find_checkpoint(&execution, |id, record| {
                 checkpoint::loadable(&execution, id, record)
             })
@@ -350,7 +355,7 @@ impl Queue {
     /// The execution's stored checkpoints, newest first, valid or not.
     pub async fn list_checkpoints(&self, execution: &str) -> Result<Vec<CheckpointMeta>> {
         let execution = execution.to_owned();
-        self.read(move |store| {
+        self.read_durable(move |store| {
             store.map_checkpoints(&execution, |id, record| {
                 checkpoint::inspect(id, record).meta
             })
@@ -368,7 +373,7 @@ impl Queue {
         checkpoint::validate_step_name(step)?;
         let (execution, step) = (execution.to_owned(), step.to_owned());
         let result = self
-            .read(move |store| store.step(&execution, &step))
+            .read_durable(move |store| store.step(&execution, &step))
             .await?;
         Ok(result.map(Bytes::from))
     }
@@ -388,7 +393,8 @@ impl Queue {
     /// The durable steps recorded for the execution, in name order.
     pub async fn list_steps(&self, execution: &str) -> Result<Vec<StepInfo>> {
         let execution = execution.to_owned();
-        self.read(move |store| store.list_steps(&execution)).await
+        self.read_durable(move |store| store.list_steps(&execution))
+            .await
     }
 
     /// Forgets the named step results of the execution, or all of them
@@ -405,6 +411,21 @@ impl Queue {
             steps,
         };
         self.call(request, Reply::Cleared).await
+    }
+
+    /// [`Queue::read`] of checkpoints or step results, answered once what
+    /// it read is durable (see [`DurableReads`]).
+    async fn read_durable<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Store) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let durable = self.inner.durable_reads.clone();
+        self.read(move |store| {
+            let value = read(store)?;
+            durable.wait_synced()?;
+            Ok(value)
+        })
+        .await
     }
 
     /// Runs a store read on a blocking thread.

@@ -12,7 +12,7 @@ use redb::{ReadableDatabase, ReadableTable};
 use super::chunk::{chunk_bytes, ChunkIter, InLog};
 use super::overlay::OverlayOpener;
 use super::recovery::{open_database, replay};
-use super::schema::{lost_through, StreamMeta, CHUNKS, STREAMS};
+use super::schema::{check_version, lost_through, recorded_version, StreamMeta, CHUNKS, STREAMS};
 use super::verify::{read_marks, verify_both_there, verify_log};
 use crate::error::Damage;
 use crate::lock::StateLock;
@@ -50,6 +50,11 @@ pub(super) fn verify_dir(state_dir: &Path) -> Result<String> {
         ));
     }
     let db = open_under_overlay(&store)?;
+    // A newer build's store is refused by name, not misread: its log may
+    // hold changes this build cannot decode.
+    if let Some(version) = recorded_version(&db)? {
+        check_version(&store, version)?;
+    }
     verify_both_there(&store, &log_path, true, &OsOpener)?;
     let marks = read_marks(&db)?;
     let capacity = marks.capacity.unwrap_or(wal::DEFAULT_CAPACITY);
@@ -251,7 +256,7 @@ mod tests {
     use redb::Database;
 
     use super::*;
-    use crate::store::tests::{frame_of, UNPREPARED_LOG};
+    use crate::store::tests::{frame_of, store_version, stored_version, UNPREPARED_LOG};
     use crate::store::Store;
 
     #[test]
@@ -285,6 +290,24 @@ mod tests {
                 path.display()
             )
         );
+    }
+
+    #[test]
+    fn check_refuses_a_newer_store_naming_both_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tether.redb");
+        let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
+        store.close().unwrap();
+        drop(store);
+        store_version(&path, 5);
+        let err = run(dir.path()).unwrap_err();
+        assert!(matches!(err, Error::CorruptStore { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("schema version 5; this build reads versions 2 to 4 (a newer"),
+            "{text}"
+        );
+        assert_eq!(stored_version(&path), 5, "nothing changed");
     }
 
     #[test]

@@ -56,9 +56,10 @@
 //! is refused with a message naming the versions read, not migrated, and
 //! so is a newer one. Version 3 lets a chunk value be an
 //! [`InLog`](chunk::InLog), which a build reading version 2 would take
-//! for an empty chunk: an older store is copied to
-//! `backup-<version>-<UTC time>/` beside it, then marked with this
-//! build's version, when it is opened.
+//! for an empty chunk. Version 4 logs checkpoints and step results
+//! (see "Durability"), whose records a build reading version 3 could not
+//! decode. An older store is copied to `backup-<version>-<UTC time>/`
+//! beside it, then marked with this build's version, when it is opened.
 //!
 //! # Durability
 //!
@@ -73,6 +74,12 @@
 //! logged transaction itself (and, wrapping, with `wal_resume` and
 //! `wal_tail`, by each durable commit); opening the store applies the
 //! records above it.
+//!
+//! The log describes streams, frames, producers' and consumers' state,
+//! checkpoints (their removal too) and step results: saving a checkpoint
+//! costs one sequential append shared with other commands, not a durable
+//! commit's scattered page writes and sync. An execution's manifest is
+//! not logged: a transaction that writes one commits durably.
 //!
 //! # Failures
 //!

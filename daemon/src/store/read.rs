@@ -353,7 +353,7 @@ impl Store {
     }
 
     /// Every stored checkpoint of an execution as `map` makes it from
-    /// (id, record), newest first. An unknown execution is
+    /// (id, record), newest first. An unknown execution with none is
     /// [`Error::ExecutionNotFound`].
     pub fn map_checkpoints<T>(
         &self,
@@ -371,7 +371,7 @@ impl Store {
     }
 
     /// The first of an execution's checkpoints, newest first, that `pick`
-    /// turns into a value. An unknown execution is
+    /// turns into a value. An unknown execution with none is
     /// [`Error::ExecutionNotFound`].
     pub fn find_checkpoint<T>(
         &self,
@@ -388,15 +388,26 @@ impl Store {
         })
     }
 
+    /// An execution with no checkpoint must be known; one with checkpoints
+    /// need not be: `tetherd repair` keeps those the log holds even when
+    /// the manifest, which only the store file held, was lost.
     fn scan_checkpoints(
         &self,
         txn: &ReadTransaction,
         execution: &str,
-        visit: impl FnMut(u64, &[u8]) -> bool,
+        mut visit: impl FnMut(u64, &[u8]) -> bool,
     ) -> Result<()> {
-        self.require_execution(txn, execution)?;
         let table = txn.open_table(CHECKPOINTS).map_err(|e| self.fail(e))?;
-        scan_newest_first(&table, execution, visit).map_err(|e| self.fail(e))
+        let mut any = false;
+        scan_newest_first(&table, execution, |id, record| {
+            any = true;
+            visit(id, record)
+        })
+        .map_err(|e| self.fail(e))?;
+        if !any {
+            self.require_execution(txn, execution)?;
+        }
+        Ok(())
     }
 
     /// For every execution with checkpoints, the first of them, newest
@@ -424,25 +435,27 @@ impl Store {
         })
     }
 
-    /// The recorded result of a durable step. An unknown execution is
-    /// [`Error::ExecutionNotFound`].
+    /// The recorded result of a durable step. An unknown execution with
+    /// no such step is [`Error::ExecutionNotFound`].
     pub fn step(&self, execution: &str, step: &str) -> Result<Option<Vec<u8>>> {
         self.read_in(|txn| {
-            self.require_execution(txn, execution)?;
+            // Known or not, as for checkpoints (see `scan_checkpoints`).
             let value = txn
                 .open_table(STEPS)
                 .map_err(|e| self.fail(e))?
                 .get((execution, step))
                 .map_err(|e| self.fail(e))?;
+            if value.is_none() {
+                self.require_execution(txn, execution)?;
+            }
             Ok(value.map(|v| v.value().to_vec()))
         })
     }
 
     /// The steps recorded for an execution, in name order. An unknown
-    /// execution is [`Error::ExecutionNotFound`].
+    /// execution with none is [`Error::ExecutionNotFound`].
     pub fn list_steps(&self, execution: &str) -> Result<Vec<StepInfo>> {
         self.read_in(|txn| {
-            self.require_execution(txn, execution)?;
             let steps = txn.open_table(STEPS).map_err(|e| self.fail(e))?;
             // A store from before step times has no such table.
             let times = match txn.open_table(STEP_TIMES) {
@@ -469,6 +482,9 @@ impl Store {
                     size: value.value().len() as u64,
                     recorded_micros,
                 });
+            }
+            if out.is_empty() {
+                self.require_execution(txn, execution)?;
             }
             Ok(out)
         })

@@ -36,6 +36,9 @@ use crate::lock::StateLock;
 use crate::store_io::OsOpener;
 use crate::wal::{self, LogReader, Op, Wal};
 use crate::{Error, Result};
+use changes::Change;
+
+mod changes;
 
 /// Where the new store is built.
 const NEW_DIR: &str = "repair.new";
@@ -305,12 +308,6 @@ fn rebuild(
     Ok(rebuilt)
 }
 
-/// A change to the new store waiting in a batch.
-enum Change {
-    Chunk { key: (u64, u64), bytes: Vec<u8> },
-    RemoveChunksBelow { stream_id: u64, below: u64 },
-}
-
 /// The new store being built.
 struct Build<'s> {
     new: &'s Store,
@@ -327,6 +324,10 @@ struct Build<'s> {
     chunk_ids: std::collections::BTreeSet<u64>,
     notes: Vec<String>,
     store_lost: bool,
+    /// The executions whose manifests the old store file held.
+    executions: std::collections::BTreeSet<String>,
+    /// The executions the log's records keep checkpoints or steps of.
+    logged_executions: std::collections::BTreeSet<String>,
 }
 
 impl<'s> Build<'s> {
@@ -343,6 +344,8 @@ impl<'s> Build<'s> {
             chunk_ids: std::collections::BTreeSet::new(),
             notes: Vec::new(),
             store_lost: false,
+            executions: std::collections::BTreeSet::new(),
+            logged_executions: std::collections::BTreeSet::new(),
         }
     }
 
@@ -388,7 +391,8 @@ impl<'s> Build<'s> {
         self.next_stream_id = self.next_stream_id.max(next.unwrap_or(1));
         // Executions, checkpoints and step results, whole.
         let mut executions = Vec::new();
-        self.read_table(&txn, EXECUTIONS, "executions", |_, id, manifest| {
+        self.read_table(&txn, EXECUTIONS, "executions", |build, id, manifest| {
+            build.executions.insert(id.to_owned());
             executions.push((id.to_owned(), manifest.to_vec()));
         });
         let mut checkpoints = Vec::new();
@@ -589,16 +593,32 @@ impl<'s> Build<'s> {
                         .insert((stream_id, consumer.to_owned()), acked_through);
                 }
                 Op::NextStreamId(id) => self.next_stream_id = self.next_stream_id.max(id),
+                // Kept as recorded: a checkpoint that fails its checksum
+                // is listed as invalid and never handed out, as in the
+                // daemon.
+                op @ (Op::Checkpoint { .. }
+                | Op::RemoveCheckpointsBelow { .. }
+                | Op::Step { .. }
+                | Op::ClearStep { .. }) => {
+                    if let Some(change) = Change::of_execution_op(op) {
+                        self.push(change)?;
+                    }
+                }
             }
         }
         Ok(())
     }
 
     fn push(&mut self, change: Change) -> Result<()> {
-        if let Change::Chunk { key, bytes } = &change {
-            self.batch_bytes += bytes.len();
+        if let Some(execution) = change.execution() {
+            if !self.logged_executions.contains(execution) {
+                self.logged_executions.insert(execution.to_owned());
+            }
+        }
+        if let Change::Chunk { key, .. } = &change {
             self.chunk_ids.insert(key.0);
         }
+        self.batch_bytes += change.bytes();
         self.batch.push(change);
         if self.batch_bytes >= BATCH_BYTES {
             self.flush()?;
@@ -613,20 +633,7 @@ impl<'s> Build<'s> {
         if batch.is_empty() {
             return Ok(());
         }
-        self.write(|txn| {
-            let mut chunks = txn.open_table(CHUNKS).map_err(storage)?;
-            for change in &batch {
-                match change {
-                    Change::Chunk { key, bytes } => {
-                        chunks.insert(*key, bytes.as_slice()).map_err(storage)?;
-                    }
-                    Change::RemoveChunksBelow { stream_id, below } => chunks
-                        .retain_in((*stream_id, 0)..(*stream_id, *below), |_, _| false)
-                        .map_err(storage)?,
-                }
-            }
-            Ok(())
-        })
+        self.write(|txn| changes::apply(txn, &batch))
     }
 
     /// One write transaction on the new store, committed without
@@ -665,6 +672,12 @@ impl<'s> Build<'s> {
             store_lost: self.store_lost,
             ..Rebuilt::default()
         };
+        for execution in self.logged_executions.difference(&self.executions) {
+            rebuilt.notes.push(format!(
+                "the manifest of execution {execution} (only the store file held it); its \
+                 checkpoints and step results in the log were kept"
+            ));
+        }
         let skip = doubt.map_or(0, |(_, bytes)| bytes / MIN_FRAME_BYTES + 1);
         let mut named: Vec<(u64, (String, StreamMeta))> = self.streams.drain().collect();
         named.sort_by_key(|(id, _)| *id);

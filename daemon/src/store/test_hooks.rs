@@ -9,6 +9,7 @@ use redb::{Database, ReadableTable};
 use super::schema::{StreamMeta, CHECKPOINTS, CHUNKS, STREAMS};
 use super::storage;
 use super::txn::commit;
+use super::Store;
 use crate::{Error, Result};
 
 /// Damages checkpoint `id` of `execution` in the store file at `path`: one
@@ -17,6 +18,13 @@ use crate::{Error, Result};
 /// daemon. For tests of corruption handling only.
 #[doc(hidden)]
 pub fn corrupt_checkpoint_for_tests(path: &Path, execution: &str, id: u64) -> Result<()> {
+    // A checkpoint saved just before a crash may be in the log alone: the
+    // store is opened first (applying the log) and committed durably, so
+    // that the file holds it and no later replay puts it back whole.
+    let store = Store::open(path)?;
+    store.commit_durably()?;
+    store.close()?;
+    drop(store);
     let db = Database::create(path).map_err(storage)?;
     let txn = db.begin_write().map_err(storage)?;
     {

@@ -248,6 +248,28 @@ impl WriteTxn<'_> {
                 .insert((stream_id, consumer), acked_through)
                 .map(drop),
             Op::NextStreamId(id) => self.meta.get()?.insert(META_NEXT_STREAM_ID, id).map(drop),
+            Op::Checkpoint {
+                execution,
+                id,
+                record,
+            } => self
+                .checkpoints
+                .get()?
+                .insert((execution, id), record.0)
+                .map(drop),
+            Op::RemoveCheckpointsBelow { execution, below } => self
+                .checkpoints
+                .get()?
+                .retain_in((execution, 0)..(execution, below), |_, _| false),
+            Op::Step {
+                execution,
+                step,
+                result,
+                recorded_micros,
+            } => return self.store_step(execution, step, result.0, recorded_micros),
+            Op::ClearStep { execution, step } => {
+                return self.remove_step(execution, step).map(drop)
+            }
         }
         .map_err(storage)
     }
@@ -300,22 +322,28 @@ impl WriteTxn<'_> {
     /// Stores checkpoint `id` of an execution (an encoded
     /// [`Record`](crate::checkpoint::Record)).
     pub fn put_checkpoint(&mut self, execution: &str, id: u64, record: &[u8]) -> Result<()> {
-        self.unlogged = true;
         self.take_room(execution.len() + record.len())?;
         self.checkpoints
             .get()?
             .insert((execution, id), record)
-            .map(drop)
-            .map_err(storage)
+            .map_err(storage)?;
+        self.log(&Op::Checkpoint {
+            execution,
+            id,
+            record: RawBytes(record),
+        })
     }
 
     /// Deletes an execution's checkpoints with ids below `first_kept`.
     pub fn delete_checkpoints_before(&mut self, execution: &str, first_kept: u64) -> Result<()> {
-        self.unlogged = true;
         self.checkpoints
             .get()?
             .retain_in((execution, 0)..(execution, first_kept), |_, _| false)
-            .map_err(storage)
+            .map_err(storage)?;
+        self.log(&Op::RemoveCheckpointsBelow {
+            execution,
+            below: first_kept,
+        })
     }
 
     /// Shows `visit` an execution's stored checkpoints as (id, record),
@@ -336,8 +364,19 @@ impl WriteTxn<'_> {
 
     /// Records the result of a durable step, and when it was recorded.
     pub fn put_step(&mut self, execution: &str, step: &str, result: &[u8], ts: u64) -> Result<()> {
-        self.unlogged = true;
         self.take_room(2 * (execution.len() + step.len()) + result.len() + 8)?;
+        self.store_step(execution, step, result, ts)?;
+        self.log(&Op::Step {
+            execution,
+            step,
+            result: RawBytes(result),
+            recorded_micros: ts,
+        })
+    }
+
+    /// Writes a step's result and its time, for [`WriteTxn::put_step`]
+    /// and a replay.
+    fn store_step(&mut self, execution: &str, step: &str, result: &[u8], ts: u64) -> Result<()> {
         self.steps
             .get()?
             .insert((execution, step), result)
@@ -349,10 +388,24 @@ impl WriteTxn<'_> {
             .map_err(storage)
     }
 
+    /// Removes a step's result and its time; returns whether it had one.
+    fn remove_step(&mut self, execution: &str, step: &str) -> Result<bool> {
+        let removed = self
+            .steps
+            .get()?
+            .remove((execution, step))
+            .map_err(storage)?
+            .is_some();
+        self.step_times
+            .get()?
+            .remove((execution, step))
+            .map_err(storage)?;
+        Ok(removed)
+    }
+
     /// Forgets the named step results of an execution, or all of them
     /// when `names` is `None`; returns how many were recorded.
     pub fn clear_steps(&mut self, execution: &str, names: Option<&[String]>) -> Result<u64> {
-        self.unlogged = true;
         let names: Vec<String> = match names {
             Some(names) => names.to_vec(),
             None => {
@@ -371,17 +424,14 @@ impl WriteTxn<'_> {
         };
         let mut cleared = 0;
         for name in &names {
-            let removed = self
-                .steps
-                .get()?
-                .remove((execution, name.as_str()))
-                .map_err(storage)?
-                .is_some();
-            self.step_times
-                .get()?
-                .remove((execution, name.as_str()))
-                .map_err(storage)?;
-            cleared += u64::from(removed);
+            // Only a step that was recorded needs its removal replayed.
+            if self.remove_step(execution, name)? {
+                cleared += 1;
+                self.log(&Op::ClearStep {
+                    execution,
+                    step: name,
+                })?;
+            }
         }
         Ok(cleared)
     }

@@ -49,6 +49,11 @@ impl SyncHandle {
         &self.path
     }
 
+    /// The ticket of the last record appended: syncing covers it.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
     /// A handle over any file, as if `written` bytes had been appended
     /// to it: for tests of what happens when syncing it fails.
     #[cfg(test)]

@@ -36,6 +36,25 @@ pub enum Op<'a> {
     },
     /// The id the next new stream gets.
     NextStreamId(u64),
+    /// A checkpoint of an execution, as stored (an encoded
+    /// [`Record`](crate::checkpoint::Record)). Added in store version 4,
+    /// as are the ops after it: an older build cannot decode them.
+    Checkpoint {
+        execution: &'a str,
+        id: u64,
+        record: RawBytes<'a>,
+    },
+    /// Every checkpoint of an execution with an id below `below` removed.
+    RemoveCheckpointsBelow { execution: &'a str, below: u64 },
+    /// A durable step's result, and when it was recorded.
+    Step {
+        execution: &'a str,
+        step: &'a str,
+        result: RawBytes<'a>,
+        recorded_micros: u64,
+    },
+    /// A durable step's result forgotten.
+    ClearStep { execution: &'a str, step: &'a str },
 }
 
 /// Bytes written by postcard as one length-prefixed run, not as a sequence
@@ -165,9 +184,35 @@ mod tests {
                 acked_through: 8,
             },
             Op::NextStreamId(4),
+            Op::Checkpoint {
+                execution: "e",
+                id: 5,
+                record: RawBytes(b"ck"),
+            },
+            Op::RemoveCheckpointsBelow {
+                execution: "e",
+                below: 3,
+            },
+            Op::Step {
+                execution: "e",
+                step: "fetch",
+                result: RawBytes(b"ok"),
+                recorded_micros: 11,
+            },
+            Op::ClearStep {
+                execution: "e",
+                step: "fetch",
+            },
         ];
         let r = record(&all);
         let decoded: Vec<Op<'_>> = ops(&r.bytes[HEADER_LEN..]).collect::<Result<_>>().unwrap();
         assert_eq!(decoded, all);
+        // An op's variant index is its first byte on disk: the ops of
+        // version 4 come after every older one, which keep theirs.
+        let tags: Vec<u8> = all
+            .iter()
+            .map(|op| postcard::to_allocvec(op).unwrap()[0])
+            .collect();
+        assert_eq!(tags, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
     }
 }

@@ -11,6 +11,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod checkpoint_log;
 mod checkpoint_resume;
 mod checkpoint_store;
 mod cli;

@@ -12,6 +12,7 @@ mod checkpoint_agent;
 mod checkpoint_cli;
 mod checkpoint_corruption;
 mod checkpoint_durability;
+mod checkpoint_log;
 mod checkpoint_support;
 mod clean_start;
 mod compaction;
