@@ -25,7 +25,8 @@ const EXAMPLES: &[(&str, &str)] = &[
         "  tether tail build-log
   tether tail -f -n 20 build-log
   tether tail --consumer indexer -f events
-  tether tail --cursor-file pos.txt --count 100 events",
+  tether tail --cursor-file pos.txt --count 100 events
+  tether tail -t --since 10m --until 2m agent",
     ),
     ("streams", "  tether streams\n  tether streams --json"),
     ("status", "  tether status\n  tether status --json"),
@@ -38,9 +39,20 @@ const EXAMPLES: &[(&str, &str)] = &[
         "run",
         "  tether run -- ./crawl.sh
   tether run --name agent --restart always -- python3 agent.py
-  tether run --env MODE=fast --cwd /srv/job --attach -- ./job",
+  tether run --env MODE=fast --cwd /srv/job --attach -- ./job
+  tether run --pty --env-file .env -- ./tool-that-buffers",
     ),
     ("ps", "  tether ps\n  tether ps --all --json"),
+    (
+        "attach",
+        "  tether attach agent
+  tether attach -n 50 3f2a9c; echo \"exit $?\"",
+    ),
+    (
+        "wait",
+        "  tether wait agent
+  tether wait 3f2a9c 7b1e04 && echo both completed",
+    ),
     (
         "stop",
         "  tether stop agent\n  tether stop --timeout 30s 3f2a9c",
