@@ -233,3 +233,47 @@ fn median_latency(sb: &Sandbox, stream: &str, mut tail: Background) -> Duration 
     samples.sort();
     samples[samples.len() / 2]
 }
+
+#[test]
+fn run_over_ssh_sends_neither_the_local_directory_nor_the_local_environment() {
+    let sb = Sandbox::new();
+    let Some(sshd) = Sshd::start(sb.path()) else {
+        return;
+    };
+    let _daemon = sb.start_daemon();
+    let url = sshd.url(&sb.socket());
+    let ssh = sshd.ssh_command();
+    let caller_dir = sb.file("caller");
+    std::fs::create_dir(&caller_dir).unwrap();
+
+    let script = "pwd -P; echo \"local=${CALLER_ONLY:-unset} asked=${ASKED:-unset}\"";
+    let mut cmd = remote(
+        &url,
+        &ssh,
+        &[
+            "run",
+            "--restart",
+            "never",
+            "--env",
+            "ASKED=yes",
+            "--attach",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    cmd.current_dir(&caller_dir).env("CALLER_ONLY", "yes");
+    let out = run(cmd, "");
+    out.assert_success();
+    // The id, then the worker's output: the remote daemon's directory (it
+    // inherits this test's) and environment, plus what the flags asked for;
+    // nothing of the caller's.
+    let daemon_dir = std::env::current_dir().unwrap().canonicalize().unwrap();
+    let (id, output) = out.stdout.split_once('\n').unwrap();
+    assert!(id.starts_with("sh-"), "{}", out.stdout);
+    assert_eq!(
+        output,
+        format!("{}\nlocal=unset asked=yes\n", daemon_dir.display())
+    );
+}
