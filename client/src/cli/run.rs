@@ -223,14 +223,7 @@ fn run_of(
 /// Refuses, before anything is sent, a run too large for the daemon to
 /// take: in practice a huge environment.
 fn check_size(spec: &RunSpec) -> Result<()> {
-    let items = spec.command.len() + spec.env.len();
-    let bytes: usize = spec.command.iter().map(String::len).sum::<usize>()
-        + spec
-            .env
-            .iter()
-            .map(|(k, v)| k.len() + v.len())
-            .sum::<usize>()
-        + spec.cwd.as_ref().map_or(0, String::len);
+    let (items, bytes) = spec.size();
     if items <= MAX_RUN_ITEMS && bytes <= MAX_RUN_BYTES {
         return Ok(());
     }

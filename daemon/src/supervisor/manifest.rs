@@ -212,14 +212,7 @@ pub fn validate_spec(spec: &RunSpec) -> Result<()> {
         }
         validate_name("execution", name)?;
     }
-    let items = spec.command.len() + spec.env.len();
-    let bytes: usize = spec.command.iter().map(String::len).sum::<usize>()
-        + spec
-            .env
-            .iter()
-            .map(|(k, v)| k.len() + v.len())
-            .sum::<usize>()
-        + spec.cwd.as_ref().map_or(0, String::len);
+    let (items, bytes) = spec.size();
     if items > MAX_SPEC_ITEMS || bytes > MAX_SPEC_BYTES {
         return invalid(format!(
             "the run spec is too large ({items} arguments and variables, {bytes} bytes; \

@@ -52,6 +52,23 @@ pub struct RunSpec {
     pub deadline_ms: Option<u64>,
 }
 
+impl RunSpec {
+    /// How many arguments and variables, and how many bytes of them and
+    /// of the directory, the spec carries: what [`crate::MAX_RUN_ITEMS`]
+    /// and [`crate::MAX_RUN_BYTES`] bound.
+    pub fn size(&self) -> (usize, usize) {
+        let items = self.command.len() + self.env.len();
+        let bytes = self.command.iter().map(String::len).sum::<usize>()
+            + self
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+            + self.cwd.as_ref().map_or(0, String::len);
+        (items, bytes)
+    }
+}
+
 /// [`RunSpec`] with how the worker's environment and output are set up:
 /// the body of [`Request::RunFull`].
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
