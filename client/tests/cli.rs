@@ -384,14 +384,14 @@ mod with_a_fake_daemon {
     }
 
     #[tokio::test]
-    async fn attach_exits_1_once_a_failure_is_final() {
+    async fn attach_exits_with_the_workers_code_once_a_failure_is_final() {
         let frames = vec![
             frame(FrameKind::Stderr, "bad config"),
             frame(FrameKind::Event, "failed: exit code 78 is not retried"),
         ];
         let fake = Fake::start(vec![ExecState::Running, ExecState::Failed], frames);
         let output = fake.tether(&["run", "--attach", "--", "sh"]).await;
-        assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+        assert_eq!(output.status.code(), Some(78), "{}", text(&output.stderr));
         let err = text(&output.stderr);
         assert!(
             err.starts_with("bad config\ntether: failed: exit code 78"),
