@@ -306,6 +306,14 @@ impl Syncer {
 /// record appended so far (each commit it can see appended its record
 /// before committing): nothing is shown before it is durable. Most
 /// reads find the log synced already and do not wait.
+///
+/// Degraded mode is the exception. While a failed sync leaves the log
+/// broken, nothing more becomes durable until the fault clears, and reads
+/// must go on (the contract's "every read keeps working"): they are served
+/// from what the store holds. That may include a save whose sync failed
+/// and which was refused to its sender; the writer writes it again and
+/// syncs it once the fault clears, and only a daemon that dies before
+/// then loses it.
 #[derive(Clone, Debug)]
 pub struct DurableReads {
     shared: Arc<Shared>,
@@ -313,18 +321,15 @@ pub struct DurableReads {
 
 impl DurableReads {
     /// Waits until the log is synced through every record appended so
-    /// far. Blocks: only for threads that may (a `spawn_blocking` read).
-    /// Fails while a failed sync leaves the log broken (until the writer
-    /// commits the store durably), and once the syncer is closing.
+    /// far, or returns at once while a failed sync leaves the log broken
+    /// (see above). Blocks: only for threads that may (a `spawn_blocking`
+    /// read). Fails once the syncer is closing.
     pub fn wait_synced(&self) -> Result<()> {
         let ticket = self.shared.log.written();
         let mut state = self.shared.lock_state();
         loop {
-            if state.synced >= ticket {
+            if state.synced >= ticket || state.broken.is_some() {
                 return Ok(());
-            }
-            if let Some(broken) = &state.broken {
-                return Err(broken.clone());
             }
             if state.closing {
                 return Err(Error::ShuttingDown);
