@@ -175,6 +175,9 @@ pub struct RetentionSection {
 pub struct RestartSection {
     /// Restarts allowed to a run that does not pass `--max-restarts`.
     pub max_restarts: Option<u32>,
+    /// Failures without progress in a row that end a run that does not
+    /// pass `--max-failures-without-progress`.
+    pub max_failures_without_progress: Option<u32>,
 }
 
 impl FileConfig {
@@ -259,6 +262,9 @@ impl Config {
         }
         if let Some(n) = file.restart.max_restarts {
             self.default_max_restarts = Some(n);
+        }
+        if let Some(n) = file.restart.max_failures_without_progress {
+            self.default_max_failures_without_progress = Some(n);
         }
     }
 
@@ -370,6 +376,10 @@ impl Config {
         differs(
             "restart.max_restarts",
             self.default_max_restarts != new.default_max_restarts,
+        );
+        differs(
+            "restart.max_failures_without_progress",
+            self.default_max_failures_without_progress != new.default_max_failures_without_progress,
         );
         differs("shim", self.shim != new.shim);
         differs("log_capacity", self.log_capacity != new.log_capacity);
@@ -523,6 +533,7 @@ mod tests {
             "max_age_secs",
             "[restart]",
             "max_restarts",
+            "max_failures_without_progress",
         ] {
             assert!(sample.contains(key), "the sample lacks {key}");
         }
@@ -549,6 +560,7 @@ mod tests {
             max_age_secs = 60
             [restart]
             max_restarts = 5
+            max_failures_without_progress = 7
             "#,
         )
         .unwrap();
@@ -566,6 +578,7 @@ mod tests {
         assert_eq!(config.retention.max_bytes, None, "0 means no limit");
         assert_eq!(config.retention.max_age, Some(Duration::from_secs(60)));
         assert_eq!(config.default_max_restarts, Some(5));
+        assert_eq!(config.default_max_failures_without_progress, Some(7));
         assert_eq!(config.log_capacity, 1024 * 1024);
     }
 

@@ -26,6 +26,10 @@ pub const BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// together do not restart in lockstep.
 const JITTER_SHARE: f64 = 0.2;
 
+/// The reason of an execution ended by too many failures in a row
+/// without progress.
+pub const CRASH_LOOP: &str = "crash loop";
+
 /// Temporary failure: retried at once.
 pub const EX_TEMPFAIL: i32 = 75;
 /// Permission denied: never retried.

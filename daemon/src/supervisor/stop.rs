@@ -54,15 +54,17 @@ impl Inner {
                 tracing::info!(execution = %id, "stop: already stopping");
             }
             _ => {
-                tracing::info!(execution = %id, "stop: SIGTERM, SIGKILL after {timeout:?}");
+                let signal = m.stop_signal();
+                let name = tether_protocol::signal_name(signal);
+                tracing::info!(execution = %id, "stop: {name}, SIGKILL after {timeout:?}");
                 let mut change = Change::of(m);
                 change.note(format!(
-                    "stopping: SIGTERM, then SIGKILL after {}",
+                    "stopping: {name}, then SIGKILL after {}",
                     policy::human(timeout)
                 ));
                 change.next.stop = Some(request);
                 self.commit(&slot, &mut exec, change).await?;
-                terminate_worker(&exec, libc::SIGTERM);
+                terminate_worker(&exec, signal);
                 self.arm_stop(&mut exec, request);
             }
         }
