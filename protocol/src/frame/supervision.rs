@@ -427,6 +427,8 @@ pub struct ShimSpecFull {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     fn named(id: &'static str, name: &'static str, ended: bool, at: u64) -> Named<'static> {
