@@ -13,6 +13,11 @@
 //! `never` means never, whatever the class. A restart also needs a restart
 //! left under `max_restarts` and must be able to start before the
 //! deadline; otherwise the execution ends `failed` saying which limit it hit.
+//!
+//! On top of this decision the supervisor applies the crash-loop guard
+//! (it needs the store to know whether an attempt recorded a checkpoint or
+//! a step): a restart after too many failures in a row without progress
+//! becomes the end, `failed` with reason [`CRASH_LOOP`].
 
 use std::time::Duration;
 

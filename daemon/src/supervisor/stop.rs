@@ -1,8 +1,10 @@
-//! `tether stop`: SIGTERM, SIGKILL after the timeout, and the shim itself
-//! when even that is not reported; the execution ends `cancelled`.
+//! `tether stop`: the run's stop signal (`run --stop-signal`, SIGTERM by
+//! default), SIGKILL after the timeout, and the shim itself when even that
+//! is not reported; the execution ends `cancelled`.
 //!
 //! A stop is recorded in the manifest first. Then the worker's process
-//! group gets SIGTERM (the worker alone when it leads no group). After the
+//! group gets the stop signal (the worker alone when it leads no group),
+//! and so does the rest of the shim's session. After the
 //! timeout the worker and the rest of the shim's session get SIGKILL. If
 //! no exit is reported [`KILL_GRACE`] after that, the shim itself is
 //! killed. `pending` and `backoff` executions are cancelled at once.
