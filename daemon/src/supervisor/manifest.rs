@@ -479,6 +479,36 @@ mod tests {
     }
 
     #[test]
+    fn chosen_ids_labels_and_stop_signals_are_checked() {
+        let run = |f: &dyn Fn(&mut RunSpecFull)| {
+            let mut run = RunSpecFull::from(spec(&["true"]));
+            f(&mut run);
+            validate_run(&run).map_err(|e| e.to_string())
+        };
+        assert_eq!(run(&|_| {}), Ok(None));
+        assert_eq!(
+            run(&|r| r.stop_signal = Some("sigint".into())),
+            Ok(Some("INT".into()))
+        );
+        assert!(run(&|r| r.stop_signal = Some("SEGV".into()))
+            .unwrap_err()
+            .contains("TERM, INT"));
+        assert!(run(&|r| r.id = Some("a b".into()))
+            .unwrap_err()
+            .contains("1 to 128"));
+        run(&|r| r.id = Some("job-1".into())).unwrap();
+        assert!(run(&|r| r.labels = vec![("".into(), "v".into())])
+            .unwrap_err()
+            .contains("label name"));
+        let many: Vec<(String, String)> = (0..=MAX_LABELS)
+            .map(|i| (format!("k{i}"), "v".into()))
+            .collect();
+        assert!(run(&|r| r.labels = many.clone())
+            .unwrap_err()
+            .contains("at most"));
+    }
+
+    #[test]
     fn commands_are_shown_quoted() {
         let c: Vec<String> = ["sh", "-c", "echo hi; exit 1", "it's"]
             .iter()
