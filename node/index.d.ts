@@ -142,6 +142,13 @@ export interface RunOptions {
   deadline?: number;
   cwd?: string;
   env?: Record<string, string>;
+  /** The execution's id; an existing one is left alone and its id returned. */
+  id?: string;
+  labels?: Record<string, string>;
+  /** The id of the execution starting this one. */
+  parent?: string;
+  /** Failed attempts in a row with no checkpoint or step that end it (default 5). */
+  maxFailuresWithoutProgress?: number;
 }
 
 /** A connection to a tetherd. */

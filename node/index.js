@@ -453,8 +453,15 @@ class Client {
    * Starts `argv` as a supervised worker; resolves to its execution id.
    * `restart`: `never`, `on-failure` (the default) or `always`;
    * `deadline`: seconds; `cwd` is resolved against this process's directory.
+   * `id`: the execution's id (an existing one is left alone and its id
+   * returned); `labels`: an object of strings; `parent`: the id of the
+   * execution starting this one; `maxFailuresWithoutProgress`: failed
+   * attempts in a row with no checkpoint or step that end it.
    */
-  async run(argv, { name, restart, maxRestarts, deadline, cwd, env } = {}) {
+  async run(
+    argv,
+    { name, restart, maxRestarts, deadline, cwd, env, id, labels, parent, maxFailuresWithoutProgress } = {},
+  ) {
     if (!Array.isArray(argv) || argv.length === 0 || argv.some((a) => typeof a !== 'string')) {
       throw new TypeError('run takes a non-empty array of strings');
     }
@@ -466,6 +473,10 @@ class Client {
       deadline: deadline ?? undefined,
       cwd: cwd ?? undefined,
       env: env == null ? undefined : Object.entries(env).map(([k, v]) => [k, String(v)]),
+      id: id ?? undefined,
+      labels: labels == null ? undefined : Object.entries(labels).map(([k, v]) => [k, String(v)]),
+      parent: parent ?? undefined,
+      maxFailuresWithoutProgress: count(maxFailuresWithoutProgress, 'maxFailuresWithoutProgress'),
     };
     return mapped(this.#native.run(spec));
   }

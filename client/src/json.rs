@@ -46,7 +46,9 @@ pub fn execution(e: &ExecutionInfo) -> Result<Value> {
 /// An execution with its details, as `tether ps --json` prints it: the
 /// fields of [`execution`], then `env_keys` (names only, never values),
 /// `cwd` (null: the daemon's), `cpu_percent` (over the running worker's
-/// life, one decimal) and `rss_bytes` (null when no worker runs).
+/// life, one decimal), `rss_bytes` (null when no worker runs), `labels`
+/// (an object of `run --label` pairs), `parent` (an id or null) and
+/// `children` (the ids of the executions it is the parent of).
 pub fn execution_detail(d: &ExecutionDetail) -> Result<Value> {
     let mut object = execution(&d.info)?;
     if let Some(map) = object.as_object_mut() {
@@ -55,6 +57,14 @@ pub fn execution_detail(d: &ExecutionDetail) -> Result<Value> {
         let cpu = d.cpu_per_mille.map(|per_mille| f64::from(per_mille) / 10.0);
         map.insert("cpu_percent".into(), cpu.into());
         map.insert("rss_bytes".into(), d.rss_bytes.into());
+        let labels: serde_json::Map<String, Value> = d
+            .labels
+            .iter()
+            .map(|(key, value)| (key.clone(), Value::from(value.clone())))
+            .collect();
+        map.insert("labels".into(), labels.into());
+        map.insert("parent".into(), d.parent.clone().into());
+        map.insert("children".into(), d.children.clone().into());
     }
     Ok(object)
 }

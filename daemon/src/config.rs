@@ -80,6 +80,9 @@ pub struct Config {
     pub log_level: String,
     /// Restarts allowed to a run that did not say; `None` is unlimited.
     pub default_max_restarts: Option<u32>,
+    /// Failures without progress in a row that end a run that did not
+    /// say; `None` is the built-in default (5).
+    pub default_max_failures_without_progress: Option<u32>,
     /// The write-ahead log's size in bytes. A log that wraps keeps
     /// the size it had when it started to (see [`crate::wal`]).
     pub log_capacity: u64,
@@ -130,6 +133,7 @@ impl Config {
             readers_group: None,
             log_level: DEFAULT_LOG_LEVEL.to_owned(),
             default_max_restarts: None,
+            default_max_failures_without_progress: None,
             log_capacity: crate::wal::DEFAULT_CAPACITY,
             log_format: LogFormat::Text,
             metrics: MetricsConfig::default(),

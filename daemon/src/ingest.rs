@@ -131,6 +131,10 @@ pub fn validate(appends: &[IngestAppend]) -> Result<(), Error> {
 }
 
 /// What a session reads: a batch of appends, or any other request.
+// One `Incoming` lives at a time per session, moved straight into
+// dispatch, so the size of `Request`'s largest variant (a run spec) costs
+// nothing worth an allocation per request.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Incoming {
     /// Never empty.

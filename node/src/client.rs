@@ -39,6 +39,12 @@ pub struct NativeRunSpec {
     pub cwd: Option<String>,
     /// `[key, value]` pairs.
     pub env: Option<Vec<Vec<String>>>,
+    /// The execution's id; an existing one is left alone.
+    pub id: Option<String>,
+    /// `[key, value]` pairs.
+    pub labels: Option<Vec<Vec<String>>>,
+    pub parent: Option<String>,
+    pub max_failures_without_progress: Option<u32>,
 }
 
 #[napi]
@@ -135,6 +141,14 @@ impl NativeClient {
                 .map_err(|_| argument("env must be [key, value] pairs"))?;
             options.env.push((key, value));
         }
+        for pair in spec.labels.unwrap_or_default() {
+            let [key, value] = <[String; 2]>::try_from(pair)
+                .map_err(|_| argument("labels must be [key, value] pairs"))?;
+            options.labels.push((key, value));
+        }
+        options.id = spec.id;
+        options.parent = spec.parent;
+        options.max_failures_without_progress = spec.max_failures_without_progress;
         self.inner.run(options).await.map_err(to_napi)
     }
 

@@ -200,3 +200,21 @@ test('run, ps and stop a worker', async (t) => {
   assert.deepEqual(all.map((e) => [e.id, e.state]), [[id, stopped.state]]);
   assert.notEqual(stopped.state, 'running');
 });
+
+test('run by id with labels and a parent', async (t) => {
+  const d = await Daemon.start(t);
+  const c = d.client();
+  const sleep = ['sh', '-c', 'exec sleep 600'];
+  const parent = await c.run(sleep, { id: 'js-parent', labels: { team: 'a' }, maxFailuresWithoutProgress: 2 });
+  assert.equal(parent, 'js-parent');
+  assert.equal(await c.run(['true'], { id: 'js-parent' }), 'js-parent');
+  const child = await c.run(sleep, { id: 'js-child', parent: 'js-parent' });
+  const rows = Object.fromEntries((await c.ps()).map((e) => [e.id, e]));
+  assert.deepEqual(Object.keys(rows).sort(), ['js-child', 'js-parent']);
+  assert.deepEqual(rows['js-parent'].labels, { team: 'a' });
+  assert.deepEqual(rows['js-parent'].children, ['js-child']);
+  assert.equal(rows[child].parent, 'js-parent');
+  await assert.rejects(c.run(['true'], { parent: 'no-such-parent' }), tether.NotFound);
+  await c.stop(child, { timeout: 5 });
+  await c.stop(parent, { timeout: 5 });
+});

@@ -537,8 +537,14 @@ fn run_full_request_fixtures() -> Vec<(Request, &'static str)> {
                 },
                 whole_env: true,
                 pty: false,
+                id: Some("k".into()),
+                labels: vec![("a".into(), "b".into())],
+                parent: Some("p".into()),
+                max_failures_without_progress: Some(5),
+                stop_signal: Some("INT".into()),
             }),
-            "00000017 19 01016102027368022d630001014b015601010300 01 00",
+            "00000029 19 01016102027368022d630001014b015601010300 01 00 \
+             01016b 0101610162 010170 0105 0103494e54",
         ),
         (Request::ListExecutionsFull { all: true }, "00000002 1a 01"),
     ]
@@ -568,9 +574,12 @@ fn run_full_response_fixtures() -> Vec<(Response, &'static str)> {
                 cwd: Some("/".into()),
                 cpu_per_mille: Some(125),
                 rss_bytes: Some(4096),
+                labels: vec![("k".into(), "v".into())],
+                parent: Some("p".into()),
+                children: vec!["c".into()],
             }]),
-            "00000023 21 01 02653101016e06000100000201020178010172000000 \
-             01014b 01012f 017d 018020",
+            "0000002e 21 01 02653101016e06000100000201020178010172000000 \
+             01014b 01012f 017d 018020 01016b0176 010170 010163",
         ),
         (Response::ExecutionsFullPart(vec![]), "00000002 22 00"),
     ]

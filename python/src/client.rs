@@ -124,8 +124,10 @@ impl Client {
         from_json(py, &value)
     }
 
-    /// Starts a supervised worker; returns its execution id.
-    #[pyo3(signature = (command, name=None, restart="on-failure", max_restarts=None, deadline=None, cwd=None, env=None))]
+    /// Starts a supervised worker; returns its execution id. With `id`,
+    /// an execution with that id that exists is left alone and its id
+    /// returned.
+    #[pyo3(signature = (command, name=None, restart="on-failure", max_restarts=None, deadline=None, cwd=None, env=None, id=None, labels=None, parent=None, max_failures_without_progress=None))]
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
@@ -137,6 +139,10 @@ impl Client {
         deadline: Option<f64>,
         cwd: Option<PathBuf>,
         env: Option<std::collections::BTreeMap<String, String>>,
+        id: Option<String>,
+        labels: Option<std::collections::BTreeMap<String, String>>,
+        parent: Option<String>,
+        max_failures_without_progress: Option<u32>,
     ) -> PyResult<String> {
         let restart = RestartPolicy::from_name(restart).ok_or_else(|| {
             PyValueError::new_err(format!(
@@ -152,6 +158,11 @@ impl Client {
             deadline,
             cwd,
             env: env.unwrap_or_default().into_iter().collect(),
+            id,
+            labels: labels.unwrap_or_default().into_iter().collect(),
+            parent,
+            max_failures_without_progress,
+            stop_signal: None,
         };
         let inner = &self.inner;
         block_on(py, move || inner.run(options))?.map_err(to_py)

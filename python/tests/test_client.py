@@ -118,6 +118,26 @@ def test_run_ps_and_stop_a_worker(daemon, tmp_path):
         c.run(["true"], restart="sometimes")
 
 
+def test_run_by_id_with_labels_and_a_parent(daemon):
+    c = daemon.client()
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    parent = c.run(sleep, id="py-parent", labels={"team": "a"}, max_failures_without_progress=2)
+    assert parent == "py-parent"
+    assert c.run(["true"], id="py-parent") == "py-parent"
+    child = c.run(sleep, id="py-child", parent="py-parent")
+    rows = {e["id"]: e for e in c.ps()}
+    assert sorted(rows) == ["py-child", "py-parent"]
+    assert rows["py-parent"]["labels"] == {"team": "a"}
+    assert rows["py-parent"]["children"] == ["py-child"]
+    assert rows[child]["parent"] == "py-parent"
+    with pytest.raises(tether.NotFound):
+        c.run(["true"], parent="no-such-parent")
+    with pytest.raises(tether.Error, match="1 to 128"):
+        c.run(["true"], id="not valid")
+    c.stop(child, timeout=5)
+    c.stop(parent, timeout=5)
+
+
 def test_a_durable_consumer_reads_exactly_once_across_a_daemon_kill(daemon):
     c = daemon.client()
     c.publish("s", ["1", "2", "3"], producer="p")

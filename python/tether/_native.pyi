@@ -61,6 +61,10 @@ class Client:
         deadline: Optional[float] = None,
         cwd: Optional[Union[str, PathLike[str]]] = None,
         env: Optional[Mapping[str, str]] = None,
+        id: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        parent: Optional[str] = None,
+        max_failures_without_progress: Optional[int] = None,
     ) -> str: ...
     def ps(self, all: bool = False) -> list[dict[str, Any]]: ...
     def stop(self, id: str, timeout: float = 10.0) -> dict[str, Any]: ...

@@ -1,12 +1,16 @@
-//! `tether ps [--all] [ID]...`: supervised executions, one row each.
+//! `tether ps [--all] [--label K=V]... [ID]...`: supervised executions,
+//! one row each.
 //!
 //! Columns: ID, NAME (`-` when none), STATE, PID (of the running worker,
 //! `-` otherwise), CPU% (the running worker's CPU time over its life so
 //! far, as ps(1) shows it), RSS (its resident memory), RESTARTS,
-//! CHECKPOINT (`-`, or the newest checkpoint's seq and age, `17 (3m ago)`)
-//! and LAST-SEQ (the stream's last seq). Without `--all` only executions
-//! that have not ended are listed. Naming ids (or names) lists just those,
-//! ended or not; an unknown one exits 3.
+//! CHECKPOINT (`-`, or the newest checkpoint's seq and age, `17 (3m ago)`),
+//! LAST-SEQ (the stream's last seq) and REASON (why it ended: `exit N`,
+//! `signal NAME`, `deadline`, `crash loop`, `max restarts`, `stopped`,
+//! `lost`, `spawn failed`; `-` while it has not). Without `--all` only
+//! executions that have not ended are listed. Naming ids (or names) lists
+//! just those, ended or not; an unknown one exits 3. `--label K=V` keeps
+//! the executions with that label (repeated: with every one of them).
 //!
 //! `--json`: one object per execution with the fields `id`, `name`,
 //! `state`, `pid`, `attempt`, `restarts`, `command`, `restart`,
@@ -14,13 +18,16 @@
 //! null), `reason`, `created` (RFC 3339), `stream_last_seq`,
 //! `last_checkpoint` (`{"seq","created"}` or null), `env_keys` (the
 //! environment's names, never its values), `cwd`, `cpu_percent` and
-//! `rss_bytes` (null when no worker runs). A daemon too old to report the
-//! last four leaves them empty.
+//! `rss_bytes` (null when no worker runs), `labels` (an object), `parent`
+//! (an id or null) and `children` (ids). A daemon too old to report the
+//! last seven leaves them empty.
 
 use clap::Args;
 use tether::time::{age, now_micros};
 use tether::{Error, Result};
-use tether_protocol::{find_execution, ErrorCode, ExecutionDetail, ExecutionInfo, Named};
+use tether_protocol::{
+    ended_because, find_execution, ErrorCode, ExecutionDetail, ExecutionInfo, Named,
+};
 
 use super::{table, write_stdout, Context};
 
@@ -31,6 +38,11 @@ pub struct PsArgs {
     /// CPU time over its whole life so far, as ps(1) shows it.)
     #[arg(long)]
     all: bool,
+
+    /// List only the executions with this label (repeatable: all must
+    /// match).
+    #[arg(long = "label", value_name = "K=V", value_parser = tether::sdk::run::label_pair)]
+    labels: Vec<(String, String)>,
 
     /// List only these executions (ended ones included), by id or name.
     #[arg(value_name = "ID")]
@@ -54,6 +66,7 @@ pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
     if !args.ids.is_empty() {
         executions.retain(|e| wanted.contains(&e.info.id));
     }
+    executions.retain(|e| has_labels(e, &args.labels));
     let text = if ctx.json {
         executions
             .iter()
@@ -69,6 +82,11 @@ pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
         [] => Ok(()),
         ids => Err(no_such_execution(ids)),
     }
+}
+
+/// True when `e` has every one of `labels`.
+fn has_labels(e: &ExecutionDetail, labels: &[(String, String)]) -> bool {
+    labels.iter().all(|wanted| e.labels.contains(wanted))
 }
 
 fn no_such_execution(ids: &[&String]) -> Error {
@@ -91,6 +109,7 @@ fn render(executions: &[ExecutionDetail], now: u64) -> String {
         "RESTARTS",
         "CHECKPOINT",
         "LAST-SEQ",
+        "REASON",
     ];
     let mut rows = vec![header.map(String::from).to_vec()];
     for detail in executions {
@@ -112,6 +131,7 @@ fn render(executions: &[ExecutionDetail], now: u64) -> String {
             e.restarts.to_string(),
             checkpoint,
             e.stream_last_seq.to_string(),
+            ended_because(e).unwrap_or_else(|| "-".to_owned()),
         ]);
     }
     table::render(&rows)
@@ -171,6 +191,9 @@ pub(crate) mod tests {
             cwd: None,
             cpu_per_mille: None,
             rss_bytes: None,
+            labels: Vec::new(),
+            parent: None,
+            children: Vec::new(),
         }
     }
 
@@ -209,10 +232,27 @@ pub(crate) mod tests {
     fn the_table_has_the_documented_columns() {
         assert_eq!(
             render(&sample_details(), 1_700_000_000 * S),
-            "ID            NAME   STATE    PID   CPU%  RSS    RESTARTS  CHECKPOINT     LAST-SEQ\n\
-             agent-abcdef  agent  running  4242  12.5  12.3M  2         1200 (2m ago)  1234\n\
-             sh-zzzzzz     -      failed   -     -     -      0         -              3\n"
+            "ID            NAME   STATE    PID   CPU%  RSS    RESTARTS  CHECKPOINT     LAST-SEQ  REASON\n\
+             agent-abcdef  agent  running  4242  12.5  12.3M  2         1200 (2m ago)  1234      -\n\
+             sh-zzzzzz     -      failed   -     -     -      0         -              3         exit 78\n"
         );
+    }
+
+    #[test]
+    fn label_filters_must_all_match() {
+        let mut e = sample_details().remove(0);
+        e.labels = vec![("team".into(), "a".into()), ("tier".into(), "1".into())];
+        let want = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(has_labels(&e, &[]));
+        assert!(has_labels(&e, &want(&[("team", "a")])));
+        assert!(has_labels(&e, &want(&[("team", "a"), ("tier", "1")])));
+        assert!(!has_labels(&e, &want(&[("team", "a"), ("tier", "2")])));
+        assert!(!has_labels(&e, &want(&[("team", "b")])));
     }
 
     #[test]

@@ -1,8 +1,13 @@
-//! `tether run [--name N] [--restart POLICY] [--max-restarts K]
-//! [--deadline DUR] [--cwd DIR] [--env K=V]... [--env-file F]...
-//! [--clean-env] [--pty] [--attach] -- CMD [ARG]...`: start a supervised
-//! worker and print its execution id (also the name of its output stream),
-//! or `{"id":"..."}` with `--json`.
+//! `tether run [--id KEY] [--name N] [--label K=V]... [--parent ID]
+//! [--restart POLICY] [--max-restarts K] [--max-failures-without-progress N]
+//! [--deadline DUR] [--stop-signal SIG] [--cwd DIR] [--env K=V]...
+//! [--env-file F]... [--clean-env] [--pty] [--attach] -- CMD [ARG]...`:
+//! start a supervised worker and print its execution id (also the name of
+//! its output stream), or `{"id":"..."}` with `--json`.
+//!
+//! With `--id KEY` the execution's id is KEY; when an execution with that
+//! id exists, in any state, nothing is started and KEY is printed (the
+//! daemon decides, so of concurrent runs with one KEY exactly one starts).
 //!
 //! The worker runs as typed: in the caller's directory, with the caller's
 //! environment less the caller's own session variables ([`super::run_env`]),
@@ -37,6 +42,33 @@ use super::{attach, duration, run_env, write_stdout, Context};
 /// Arguments of `tether run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// The execution's id: 1 to 128 of A-Z a-z 0-9 . _ -. When an
+    /// execution with this id exists, nothing is started: its id is
+    /// printed (and --attach attaches to it).
+    #[arg(long, value_name = "KEY", value_parser = run_id)]
+    id: Option<String>,
+
+    /// A label for `ps --label` to filter on (repeatable).
+    #[arg(long = "label", value_name = "K=V", value_parser = label_pair)]
+    labels: Vec<(String, String)>,
+
+    /// The execution that starts this one (it must exist); the worker gets
+    /// it as TETHER_PARENT_ID.
+    #[arg(long, value_name = "ID")]
+    parent: Option<String>,
+
+    /// End the execution `failed` (reason `crash loop`) after N failed
+    /// attempts in a row that recorded no checkpoint and no step
+    /// [default: the daemon's, 5].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_failures_without_progress: Option<u32>,
+
+    /// The signal `tether stop` sends the worker's process group first
+    /// (TERM, INT, HUP, QUIT, USR1, USR2, KILL); KILL follows after the
+    /// stop's timeout [default: TERM].
+    #[arg(long, value_name = "SIG", value_parser = stop_signal)]
+    stop_signal: Option<String>,
+
     /// A label for `tether ps`; the execution id starts with it.
     #[arg(long, value_name = "N")]
     name: Option<String>,
@@ -128,10 +160,15 @@ pub async fn run(ctx: &Context, args: RunArgs) -> Result<u8> {
 /// `RunFull` as unknown means nothing ran, so asking again with `Run` is
 /// safe.
 async fn submit(ctx: &Context, run: RunSpecFull) -> Result<String> {
-    if !run.whole_env && !run.pty {
+    let extras = run.id.is_some()
+        || !run.labels.is_empty()
+        || run.parent.is_some()
+        || run.max_failures_without_progress.is_some()
+        || run.stop_signal.is_some();
+    if !run.whole_env && !run.pty && !extras {
         return submit_once(ctx, Request::Run(run.spec)).await;
     }
-    let (spec, needs_full) = (run.spec.clone(), run.pty || !run.whole_env);
+    let (spec, needs_full) = (run.spec.clone(), run.pty || !run.whole_env || extras);
     match submit_once(ctx, Request::RunFull(run)).await {
         Err(e) if e.is_unknown_request() && !needs_full => {
             // The variables go as additions to the daemon's environment,
@@ -140,7 +177,8 @@ async fn submit(ctx: &Context, run: RunSpecFull) -> Result<String> {
         }
         Err(e) if e.is_unknown_request() => Err(Error::Usage(
             "the daemon is older than this tether and cannot run a worker on a \
-             pseudo-terminal (--pty) or from a clean environment (--clean-env)"
+             pseudo-terminal (--pty), from a clean environment (--clean-env), or with \
+             --id, --label, --parent, --max-failures-without-progress or --stop-signal"
                 .into(),
         )),
         other => other,
@@ -192,7 +230,7 @@ fn run_of(
         }
         None => (run_env::merge(Vec::new(), added), args.clean_env, args.cwd),
     };
-    let mut spec = RunOptions {
+    let mut run = RunOptions {
         command: args.command,
         name: args.name,
         restart: args.restart,
@@ -200,10 +238,17 @@ fn run_of(
         deadline: args.deadline,
         cwd: dir,
         env,
+        id: args.id,
+        labels: args.labels,
+        parent: args.parent,
+        max_failures_without_progress: args.max_failures_without_progress,
+        stop_signal: args.stop_signal,
     }
-    .into_spec_in(cwd)?;
+    .into_full_in(cwd)?;
+    run.whole_env = whole_env;
+    run.pty = args.pty;
     // `.` resolved is the directory itself, without a trailing `/.`.
-    if let Some(dir) = spec.cwd.as_mut() {
+    if let Some(dir) = run.spec.cwd.as_mut() {
         if let Some(stripped) = dir.strip_suffix("/.") {
             *dir = if stripped.is_empty() {
                 "/".into()
@@ -212,12 +257,8 @@ fn run_of(
             };
         }
     }
-    check_size(&spec)?;
-    Ok(RunSpecFull {
-        spec,
-        whole_env,
-        pty: args.pty,
-    })
+    check_size(&run.spec)?;
+    Ok(run)
 }
 
 /// Refuses, before anything is sent, a run too large for the daemon to
@@ -239,6 +280,21 @@ fn check_size(spec: &RunSpec) -> Result<()> {
 fn restart_policy(s: &str) -> RestartPolicy {
     // The possible-values parser admits nothing else.
     RestartPolicy::from_name(s).unwrap_or(RestartPolicy::OnFailure)
+}
+
+/// Clap value parser for `--id KEY`: the rule is the error.
+fn run_id(s: &str) -> std::result::Result<String, String> {
+    tether_protocol::validate_run_id(s).map(|()| s.to_owned())
+}
+
+/// Clap value parser for `--label K=V`.
+fn label_pair(s: &str) -> std::result::Result<(String, String), String> {
+    tether::sdk::run::label_pair(s)
+}
+
+/// Clap value parser for `--stop-signal SIG`: the bare name (`TERM`).
+fn stop_signal(s: &str) -> std::result::Result<String, String> {
+    tether::sdk::run::stop_signal(s)
 }
 
 /// Clap value parser for `--env K=V`.
@@ -317,10 +373,54 @@ mod tests {
                     max_restarts: None,
                     deadline_ms: None,
                 },
-                whole_env: false,
-                pty: false,
+                ..RunSpecFull::from(RunSpec {
+                    name: None,
+                    command: vec![],
+                    cwd: None,
+                    env: vec![],
+                    restart: RestartPolicy::OnFailure,
+                    max_restarts: None,
+                    deadline_ms: None,
+                })
             }
         );
+    }
+
+    #[test]
+    fn ids_labels_parents_and_signals_reach_the_run() {
+        let run = remote(&[
+            "--id",
+            "job-1",
+            "--label",
+            "team=a",
+            "--label",
+            "k=x=y",
+            "--parent",
+            "p-1",
+            "--max-failures-without-progress",
+            "3",
+            "--stop-signal",
+            "sigint",
+            "true",
+        ]);
+        assert_eq!(run.id.as_deref(), Some("job-1"));
+        assert_eq!(run.labels, pairs(&[("team", "a"), ("k", "x=y")]));
+        assert_eq!(run.parent.as_deref(), Some("p-1"));
+        assert_eq!(run.max_failures_without_progress, Some(3));
+        assert_eq!(run.stop_signal.as_deref(), Some("INT"));
+    }
+
+    #[test]
+    fn a_bad_id_is_a_usage_error_naming_the_rule() {
+        for id in ["a b", "a/b", &"x".repeat(129)] {
+            let err = parse(&["--id", id, "true"]).unwrap_err();
+            assert_eq!(err.exit_code(), 2);
+            assert!(err.to_string().contains("1 to 128 characters"), "{err}");
+        }
+        let err = parse(&["--stop-signal", "SEGV", "true"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let err = parse(&["--label", "novalue", "true"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! * [`ErrorClass`]: which exception each SDK raises for an error.
 
 mod error_class;
-mod run;
+pub mod run;
 mod tail;
 
 use std::collections::HashMap;
@@ -167,9 +167,14 @@ impl Client {
     /// stream's name). The request is sent once, never retried: after a
     /// connection failure the worker may have started (check `ps`).
     pub async fn run(&self, options: RunOptions) -> Result<String> {
-        let spec = options.into_spec()?;
+        // A plain run goes as `Run`, which any daemon takes.
+        let request = if options.needs_full() {
+            Request::RunFull(options.into_full_in(&std::env::current_dir)?)
+        } else {
+            Request::Run(options.into_spec()?)
+        };
         let mut conn = self.connector.connect().await?;
-        match conn.request(&Request::Run(spec)).await? {
+        match conn.request(&request).await? {
             Response::Started { execution } => Ok(execution),
             other => Err(unexpected("Started", &other)),
         }
@@ -242,6 +247,9 @@ pub async fn execution_details(connector: &Connector, all: bool) -> Result<Vec<E
                     cwd: None,
                     cpu_per_mille: None,
                     rss_bytes: None,
+                    labels: Vec::new(),
+                    parent: None,
+                    children: Vec::new(),
                 })
                 .collect())
         }

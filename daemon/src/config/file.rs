@@ -209,6 +209,9 @@ pub struct RetentionSection {
 pub struct RestartSection {
     /// Restarts allowed to a run that does not pass `--max-restarts`.
     pub max_restarts: Option<u32>,
+    /// Failures without progress in a row that end a run that does not
+    /// pass `--max-failures-without-progress`.
+    pub max_failures_without_progress: Option<u32>,
 }
 
 impl FileConfig {
@@ -354,6 +357,9 @@ impl Config {
         if let Some(addr) = file.metrics.listen {
             self.metrics.listen = Some(addr);
         }
+        if let Some(n) = file.restart.max_failures_without_progress {
+            self.default_max_failures_without_progress = Some(n);
+        }
     }
 
     /// Applies the `TETHER_*` overrides that are set (see the module
@@ -476,6 +482,10 @@ impl Config {
         differs(
             "restart.max_restarts",
             self.default_max_restarts != new.default_max_restarts,
+        );
+        differs(
+            "restart.max_failures_without_progress",
+            self.default_max_failures_without_progress != new.default_max_failures_without_progress,
         );
         differs("shim", self.shim != new.shim);
         differs("log_capacity", self.log_capacity != new.log_capacity);
@@ -739,6 +749,7 @@ mod tests {
             max_age_secs = 60
             [restart]
             max_restarts = 5
+            max_failures_without_progress = 7
             [metrics]
             streams = ["a-*"]
             listen = "127.0.0.1:9464"
@@ -759,6 +770,7 @@ mod tests {
         assert_eq!(config.retention.max_bytes, None, "0 means no limit");
         assert_eq!(config.retention.max_age, Some(Duration::from_secs(60)));
         assert_eq!(config.default_max_restarts, Some(5));
+        assert_eq!(config.default_max_failures_without_progress, Some(7));
         assert_eq!(config.log_capacity, 1024 * 1024);
         assert_eq!(config.metrics.streams, vec!["a-*".to_owned()]);
         assert_eq!(

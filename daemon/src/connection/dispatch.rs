@@ -389,6 +389,10 @@ impl Session {
         if run.spec.max_restarts.is_none() {
             run.spec.max_restarts = self.shared.config.default_max_restarts;
         }
+        if run.max_failures_without_progress.is_none() {
+            run.max_failures_without_progress =
+                self.shared.config.default_max_failures_without_progress;
+        }
         let execution = self.shared.supervisor.run(run).await?;
         self.send_all(vec![Response::Started { execution }]).await
     }

@@ -41,17 +41,40 @@ use super::{
 };
 use crate::{Error, Result};
 
+/// What [`Inner::reserve_id`] found.
+enum Reserved {
+    /// A new execution, reserved and locked.
+    New(String, Arc<Slot>, OwnedMutexGuard<Execution>),
+    /// The run chose the id of an execution that exists.
+    Existing(String),
+}
+
 impl Inner {
     // -- run ----------------------------------------------------------------
 
-    pub(super) async fn run(self: Arc<Self>, run: RunSpecFull) -> Result<String> {
-        manifest::validate_spec(&run.spec)?;
+    pub(super) async fn run(self: Arc<Self>, mut run: RunSpecFull) -> Result<String> {
+        run.stop_signal = manifest::validate_run(&run)?;
+        if let Some(parent) = &run.parent {
+            let known = self
+                .slots()
+                .get(parent)
+                .is_some_and(|slot| slot.committed.borrow().is_some());
+            if !known {
+                return Err(Error::ExecutionNotFound(parent.clone()));
+            }
+        }
         let now = now_micros();
         let mut change_event = submitted_event(&run.spec);
         if run.pty {
             change_event.push_str(" on a pseudo-terminal");
         }
-        let (id, slot, mut exec) = self.reserve_id(run, now)?;
+        let (id, slot, mut exec) = match self.reserve_id(run, now)? {
+            Reserved::New(id, slot, exec) => (id, slot, exec),
+            Reserved::Existing(id) => {
+                tracing::info!(execution = %id, "run: the execution exists; nothing started");
+                return Ok(id);
+            }
+        };
         let mut change = Change::of(&exec.manifest);
         change.note(change_event);
         if let Err(e) = self.commit(&slot, &mut exec, change).await {
@@ -69,16 +92,20 @@ impl Inner {
         Ok(id)
     }
 
-    /// Picks an unused id and reserves it with a pending, not yet committed
-    /// slot, returned locked: nobody sees it before its first commit.
-    fn reserve_id(
-        &self,
-        run: RunSpecFull,
-        now: u64,
-    ) -> Result<(String, Arc<Slot>, OwnedMutexGuard<Execution>)> {
+    /// Picks an unused id (or takes the one the run chose) and reserves it
+    /// with a pending, not yet committed slot, returned locked: nobody sees
+    /// it before its first commit. A chosen id that is taken, by an
+    /// execution in any state or one being recorded, is
+    /// [`Reserved::Existing`]: the run starts nothing.
+    fn reserve_id(&self, run: RunSpecFull, now: u64) -> Result<Reserved> {
         let mut slots = self.slots();
-        // Checked and reserved under one lock: of runs racing for a name,
-        // one takes it.
+        // Checked and reserved under one lock: of runs racing for an id or
+        // a name, one takes it.
+        if let Some(id) = &run.id {
+            if slots.contains_key(id) {
+                return Ok(Reserved::Existing(id.clone()));
+            }
+        }
         if let Some(name) = &run.spec.name {
             let taken = slots
                 .iter()
@@ -90,9 +117,17 @@ impl Inner {
                 )));
             }
         }
+        let chosen = run.id.clone();
         for _ in 0..ID_TRIES {
-            let id = manifest::new_id(&run.spec, policy::random());
-            if slots.contains_key(&id) || self.queue.stream_range(&id).is_some() {
+            let id = match &chosen {
+                Some(id) => id.clone(),
+                None => manifest::new_id(&run.spec, policy::random()),
+            };
+            // A chosen id may name a stream that exists: the execution
+            // writes on after its last seq.
+            if chosen.is_none()
+                && (slots.contains_key(&id) || self.queue.stream_range(&id).is_some())
+            {
                 continue;
             }
             let manifest =
@@ -102,7 +137,7 @@ impl Inner {
                 Error::Invariant("internal error: a new execution was locked".into())
             })?;
             slots.insert(id.clone(), slot.clone());
-            return Ok((id, slot, guard));
+            return Ok(Reserved::New(id, slot, guard));
         }
         Err(Error::Invariant(format!(
             "could not find an unused execution id in {ID_TRIES} tries"
@@ -135,7 +170,7 @@ impl Inner {
                 socket: self.settings.socket.display().to_string(),
                 command: m.spec.command.clone(),
                 cwd: m.spec.cwd.clone(),
-                env: m.spec.env.clone(),
+                env: worker_env(m),
                 // Decided when this attempt's start was committed.
                 resumed: exec.resumed,
                 max_line: self.settings.max_line,
@@ -289,7 +324,23 @@ impl Inner {
             return self.commit(slot, exec, change).await;
         }
         let limits = Limits::of(&m.spec, m.submitted_micros);
-        let decision = policy::decide(&limits, m.restarts, now, ending, policy::jitter());
+        let mut decision = policy::decide(&limits, m.restarts, now, ending, policy::jitter());
+        // A success or an attempt that got somewhere starts the count again.
+        let failed = !matches!(ending, Ending::Exited(ExitStatus::Code(0)));
+        let setup = &mut change.next.setup;
+        setup.failures_without_progress = if failed && !self.made_progress(m).await? {
+            setup.failures_without_progress.saturating_add(1)
+        } else {
+            0
+        };
+        if matches!(decision, Decision::Restart { .. })
+            && setup.failures_without_progress >= m.max_failures_without_progress()
+        {
+            decision = Decision::End {
+                state: ExecState::Failed,
+                reason: Some(policy::CRASH_LOOP.into()),
+            };
+        }
         // The attempt's own end: failed, lost, or (exit 0) no state of its own.
         match ending {
             Ending::Lost => change.go(ExecState::Lost, format!("lost: {lost_reason}"))?,
@@ -380,6 +431,21 @@ impl Inner {
         self.launch(&slot, &mut exec).await
     }
 
+    /// True when the current attempt of `m` recorded a checkpoint or a
+    /// step.
+    async fn made_progress(&self, m: &Manifest) -> Result<bool> {
+        let since = m.setup.attempt_started_micros;
+        let checkpointed = self
+            .queue
+            .last_checkpoint(&m.id)
+            .is_some_and(|c| c.created_micros >= since);
+        if checkpointed {
+            return Ok(true);
+        }
+        let steps = self.queue.list_steps(&m.id).await?;
+        Ok(steps.iter().any(|step| step.recorded_micros >= since))
+    }
+
     // -- shims ---------------------------------------------------------------
 
     pub(super) async fn shim_hello(self: Arc<Self>, hello: &ShimHello) -> Result<()> {
@@ -445,7 +511,7 @@ impl Inner {
             self.commit(&slot, &mut exec, change).await?;
             if exec.manifest.stop.is_some() {
                 // Stopped while starting: the worker exists only now.
-                terminate_worker(&exec, libc::SIGTERM);
+                terminate_worker(&exec, exec.manifest.stop_signal());
             }
         } else if first_here {
             tracing::info!(execution = %id, "shim pid {} reattached (worker pid {worker_pid})", hello.shim_pid);
@@ -476,6 +542,17 @@ impl Inner {
         )
         .await
     }
+}
+
+/// The worker's variables: the run's, with `TETHER_PARENT_ID` for a run
+/// with a parent.
+fn worker_env(m: &Manifest) -> Vec<(String, String)> {
+    let mut env = m.spec.env.clone();
+    if let Some(parent) = &m.setup.parent {
+        env.retain(|(key, _)| key != "TETHER_PARENT_ID");
+        env.push(("TETHER_PARENT_ID".into(), parent.clone()));
+    }
+    env
 }
 
 /// The event naming how an attempt ended.

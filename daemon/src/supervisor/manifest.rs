@@ -20,6 +20,8 @@ const ID_SUFFIX_LEN: usize = 6;
 const BASE32: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 /// Longest accepted `--name`, in bytes.
 pub const MAX_LABEL_LEN: usize = 255;
+/// Most labels on one execution.
+const MAX_LABELS: usize = 64;
 /// Most arguments plus environment variables accepted in one spec, so that
 /// a spec always fits in one shim hand-over frame.
 const MAX_SPEC_ITEMS: usize = tether_protocol::MAX_RUN_ITEMS;
@@ -80,15 +82,35 @@ pub struct Manifest {
     pub setup: Setup,
 }
 
-/// What a run asked for beyond [`RunSpec`] (see [`RunSpecFull`]).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What a run asked for beyond [`RunSpec`] (see [`RunSpecFull`]), and
+/// the count of failures without progress, which must survive the daemon.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Setup {
     /// `spec.env` is the worker's whole environment, not additions to the
     /// daemon's.
     pub whole_env: bool,
     /// The worker's stdout and stderr are a pseudo-terminal.
     pub pty: bool,
+    /// `run --label` pairs.
+    pub labels: Vec<(String, String)>,
+    /// The execution that started this one.
+    pub parent: Option<String>,
+    /// Consecutive failures without progress that end the execution;
+    /// `None`: [`DEFAULT_MAX_FAILURES_WITHOUT_PROGRESS`].
+    pub max_failures_without_progress: Option<u32>,
+    /// `run --stop-signal`, a [`tether_protocol::STOP_SIGNALS`] name;
+    /// `None`: `TERM`.
+    pub stop_signal: Option<String>,
+    /// Failed attempts in a row that recorded no checkpoint and no step.
+    pub failures_without_progress: u32,
+    /// When the current attempt started, microseconds since the epoch:
+    /// what the attempt recorded after this is its progress.
+    pub attempt_started_micros: u64,
 }
+
+/// Failures without progress in a row that end an execution whose run
+/// named no limit and whose daemon configures none.
+pub const DEFAULT_MAX_FAILURES_WITHOUT_PROGRESS: u32 = 5;
 
 /// The stored form: the variant index is the layout version. V2 is V1's
 /// fields followed by the [`Setup`]; a V1 manifest reads as the default
@@ -121,13 +143,35 @@ impl Manifest {
             setup: Setup {
                 whole_env: run.whole_env,
                 pty: run.pty,
+                labels: run.labels,
+                parent: run.parent,
+                max_failures_without_progress: run.max_failures_without_progress,
+                stop_signal: run.stop_signal,
+                failures_without_progress: 0,
+                attempt_started_micros: 0,
             },
         }
     }
 
+    /// The signal a stop sends first.
+    pub fn stop_signal(&self) -> i32 {
+        self.setup
+            .stop_signal
+            .as_deref()
+            .and_then(tether_protocol::signal_number)
+            .unwrap_or(libc::SIGTERM)
+    }
+
+    /// How many failures without progress in a row end the execution.
+    pub fn max_failures_without_progress(&self) -> u32 {
+        self.setup
+            .max_failures_without_progress
+            .unwrap_or(DEFAULT_MAX_FAILURES_WITHOUT_PROGRESS)
+    }
+
     /// The stored bytes.
     pub fn encode(&self) -> Result<Vec<u8>> {
-        postcard::to_stdvec(&Stored::V2(self.clone(), self.setup))
+        postcard::to_stdvec(&Stored::V2(self.clone(), self.setup.clone()))
             .map_err(|e| Error::storage(format!("cannot encode the manifest of {}", self.id), e))
     }
 
@@ -166,6 +210,42 @@ impl Manifest {
             stream_last_seq,
             last_checkpoint: None,
         }
+    }
+}
+
+/// Checks what [`RunSpecFull`] adds to its [`RunSpec`]: the chosen id,
+/// labels and stop signal. The stop signal is returned in its bare form.
+pub fn validate_run(run: &RunSpecFull) -> Result<Option<String>> {
+    let invalid = |msg: String| Err(Error::InvalidRequest(msg));
+    validate_spec(&run.spec)?;
+    if let Some(id) = &run.id {
+        tether_protocol::validate_run_id(id).map_err(Error::InvalidRequest)?;
+    }
+    for (key, value) in &run.labels {
+        if key.is_empty() || key.contains('=') || key.len() > MAX_LABEL_LEN {
+            return invalid(format!(
+                "label name {key:?} must be 1 to {MAX_LABEL_LEN} bytes without '='"
+            ));
+        }
+        if value.len() > MAX_LABEL_LEN || value.contains('\0') || key.contains('\0') {
+            return invalid(format!(
+                "the label {key} must have a value of at most {MAX_LABEL_LEN} bytes, \
+                 without NUL bytes"
+            ));
+        }
+    }
+    if run.labels.len() > MAX_LABELS {
+        return invalid(format!("at most {MAX_LABELS} labels are allowed"));
+    }
+    match &run.stop_signal {
+        None => Ok(None),
+        Some(name) => match tether_protocol::stop_signal_name(name) {
+            Some(bare) => Ok(Some(bare.to_owned())),
+            None => invalid(format!(
+                "stop signal {name:?} is not one of {}",
+                tether_protocol::STOP_SIGNALS.join(", ")
+            )),
+        },
     }
 }
 
@@ -325,6 +405,12 @@ mod tests {
         m.setup = Setup {
             whole_env: true,
             pty: true,
+            labels: vec![("team".into(), "a".into())],
+            parent: Some("p".into()),
+            max_failures_without_progress: Some(2),
+            stop_signal: Some("INT".into()),
+            failures_without_progress: 1,
+            attempt_started_micros: 9,
         };
         let bytes = m.encode().unwrap();
         assert_eq!(Manifest::decode("sh-abcdef", &bytes).unwrap(), m);
@@ -383,6 +469,36 @@ mod tests {
         assert!(refused(s.clone()).contains("whitespace"));
         s.name = Some("agent".into());
         validate_spec(&s).unwrap();
+    }
+
+    #[test]
+    fn chosen_ids_labels_and_stop_signals_are_checked() {
+        let run = |f: &dyn Fn(&mut RunSpecFull)| {
+            let mut run = RunSpecFull::from(spec(&["true"]));
+            f(&mut run);
+            validate_run(&run).map_err(|e| e.to_string())
+        };
+        assert_eq!(run(&|_| {}), Ok(None));
+        assert_eq!(
+            run(&|r| r.stop_signal = Some("sigint".into())),
+            Ok(Some("INT".into()))
+        );
+        assert!(run(&|r| r.stop_signal = Some("SEGV".into()))
+            .unwrap_err()
+            .contains("TERM, INT"));
+        assert!(run(&|r| r.id = Some("a b".into()))
+            .unwrap_err()
+            .contains("1 to 128"));
+        run(&|r| r.id = Some("job-1".into())).unwrap();
+        assert!(run(&|r| r.labels = vec![("".into(), "v".into())])
+            .unwrap_err()
+            .contains("label name"));
+        let many: Vec<(String, String)> = (0..=MAX_LABELS)
+            .map(|i| (format!("k{i}"), "v".into()))
+            .collect();
+        assert!(run(&|r| r.labels = many.clone())
+            .unwrap_err()
+            .contains("at most"));
     }
 
     #[test]

@@ -240,6 +240,7 @@ impl Change {
         self.next.worker = None;
         self.next.next_attempt_micros = None;
         self.next.reason = None;
+        self.next.setup.attempt_started_micros = now_micros();
         Ok(())
     }
 }
@@ -317,6 +318,16 @@ impl Supervisor {
     /// [`Supervisor::list`] with each execution's environment keys and
     /// directory and, while a worker runs, its CPU and memory use.
     pub fn list_full(&self, all: bool) -> Vec<ExecutionDetail> {
+        // Children are found among every execution, ended ones included.
+        let mut children: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for m in self.manifests(true) {
+            if let Some(parent) = &m.setup.parent {
+                children
+                    .entry(parent.clone())
+                    .or_default()
+                    .push(m.id.clone());
+            }
+        }
         self.manifests(all)
             .iter()
             .map(|m| {
@@ -328,6 +339,9 @@ impl Supervisor {
                     cwd: m.spec.cwd.clone(),
                     cpu_per_mille: usage.map(|u| u.cpu_per_mille),
                     rss_bytes: usage.map(|u| u.rss_bytes),
+                    labels: m.setup.labels.clone(),
+                    parent: m.setup.parent.clone(),
+                    children: children.get(&m.id).cloned().unwrap_or_default(),
                 }
             })
             .collect()
@@ -681,11 +695,7 @@ mod tests {
             max_restarts: None,
             deadline_ms: None,
         };
-        let run = RunSpecFull {
-            spec,
-            whole_env: false,
-            pty: false,
-        };
+        let run = RunSpecFull::from(spec);
         let mut m = Manifest::new("true-aaaaaa".into(), run, 1, "boot".into());
         m.state = state;
         m

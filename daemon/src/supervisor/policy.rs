@@ -13,6 +13,11 @@
 //! `never` means never, whatever the class. A restart also needs a restart
 //! left under `max_restarts` and must be able to start before the
 //! deadline; otherwise the execution ends `failed` saying which limit it hit.
+//!
+//! On top of this decision the supervisor applies the crash-loop guard
+//! (it needs the store to know whether an attempt recorded a checkpoint or
+//! a step): a restart after too many failures in a row without progress
+//! becomes the end, `failed` with reason [`CRASH_LOOP`].
 
 use std::time::Duration;
 
@@ -25,6 +30,10 @@ pub const BACKOFF_CAP: Duration = Duration::from_secs(60);
 /// The share of a delay that jitter may take off, so that workers failing
 /// together do not restart in lockstep.
 const JITTER_SHARE: f64 = 0.2;
+
+/// The reason of an execution ended by too many failures in a row
+/// without progress.
+pub const CRASH_LOOP: &str = "crash loop";
 
 /// Temporary failure: retried at once.
 pub const EX_TEMPFAIL: i32 = 75;

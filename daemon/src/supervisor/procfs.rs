@@ -142,48 +142,7 @@ fn rss_bytes(status: &str) -> Option<u64> {
     Some(kib.saturating_mul(1024))
 }
 
-/// A signal's name (`SIGKILL`), or its number for one without a common
-/// name.
-pub fn signal_name(signal: i32) -> String {
-    const NAMES: [&str; 31] = [
-        "SIGHUP",
-        "SIGINT",
-        "SIGQUIT",
-        "SIGILL",
-        "SIGTRAP",
-        "SIGABRT",
-        "SIGBUS",
-        "SIGFPE",
-        "SIGKILL",
-        "SIGUSR1",
-        "SIGSEGV",
-        "SIGUSR2",
-        "SIGPIPE",
-        "SIGALRM",
-        "SIGTERM",
-        "SIGSTKFLT",
-        "SIGCHLD",
-        "SIGCONT",
-        "SIGSTOP",
-        "SIGTSTP",
-        "SIGTTIN",
-        "SIGTTOU",
-        "SIGURG",
-        "SIGXCPU",
-        "SIGXFSZ",
-        "SIGVTALRM",
-        "SIGPROF",
-        "SIGWINCH",
-        "SIGIO",
-        "SIGPWR",
-        "SIGSYS",
-    ];
-    usize::try_from(signal)
-        .ok()
-        .and_then(|n| n.checked_sub(1))
-        .and_then(|i| NAMES.get(i))
-        .map_or_else(|| signal.to_string(), |name| (*name).to_owned())
-}
+pub use tether_protocol::signal_name;
 
 /// This boot's id, from `/proc/sys/kernel/random/boot_id`.
 pub fn boot_id() -> io::Result<String> {

@@ -1,8 +1,10 @@
-//! `tether stop`: SIGTERM, SIGKILL after the timeout, and the shim itself
-//! when even that is not reported; the execution ends `cancelled`.
+//! `tether stop`: the run's stop signal (`run --stop-signal`, SIGTERM by
+//! default), SIGKILL after the timeout, and the shim itself when even that
+//! is not reported; the execution ends `cancelled`.
 //!
 //! A stop is recorded in the manifest first. Then the worker's process
-//! group gets SIGTERM (the worker alone when it leads no group). After the
+//! group gets the stop signal (the worker alone when it leads no group),
+//! and so does the rest of the shim's session. After the
 //! timeout the worker and the rest of the shim's session get SIGKILL. If
 //! no exit is reported [`KILL_GRACE`] after that, the shim itself is
 //! killed. `pending` and `backoff` executions are cancelled at once.
@@ -54,15 +56,17 @@ impl Inner {
                 tracing::info!(execution = %id, "stop: already stopping");
             }
             _ => {
-                tracing::info!(execution = %id, "stop: SIGTERM, SIGKILL after {timeout:?}");
+                let signal = m.stop_signal();
+                let name = tether_protocol::signal_name(signal);
+                tracing::info!(execution = %id, "stop: {name}, SIGKILL after {timeout:?}");
                 let mut change = Change::of(m);
                 change.note(format!(
-                    "stopping: SIGTERM, then SIGKILL after {}",
+                    "stopping: {name}, then SIGKILL after {}",
                     policy::human(timeout)
                 ));
                 change.next.stop = Some(request);
                 self.commit(&slot, &mut exec, change).await?;
-                terminate_worker(&exec, libc::SIGTERM);
+                terminate_worker(&exec, signal);
                 self.arm_stop(&mut exec, request);
             }
         }

@@ -80,6 +80,21 @@ pub struct RunSpecFull {
     /// The worker's stdout and stderr are one pseudo-terminal, so that
     /// C-stdio programs flush each line; its output is all kind `stdout`.
     pub pty: bool,
+    /// The execution's id, chosen by the caller (see [`validate_run_id`]):
+    /// when an execution with this id exists, nothing is started and its
+    /// id is the answer. `None`: the daemon makes a new id.
+    pub id: Option<String>,
+    /// `run --label K=V` pairs, for `ps --label` to filter on.
+    pub labels: Vec<(String, String)>,
+    /// The execution that started this one; it must exist.
+    pub parent: Option<String>,
+    /// Consecutive failed attempts without progress (no checkpoint, no
+    /// step) after which the execution ends `failed` ("crash loop");
+    /// `None`: the daemon's default.
+    pub max_failures_without_progress: Option<u32>,
+    /// The signal `tether stop` sends first, by name without `SIG`
+    /// (one of [`STOP_SIGNALS`]); `None`: `TERM`.
+    pub stop_signal: Option<String>,
 }
 
 impl From<RunSpec> for RunSpecFull {
@@ -90,8 +105,97 @@ impl From<RunSpec> for RunSpecFull {
             spec,
             whole_env: false,
             pty: false,
+            id: None,
+            labels: Vec::new(),
+            parent: None,
+            max_failures_without_progress: None,
+            stop_signal: None,
         }
     }
+}
+
+/// Longest id a caller may choose with `run --id`, in bytes.
+pub const MAX_RUN_ID_LEN: usize = 128;
+
+/// The signals `run --stop-signal` accepts, by name without `SIG`.
+pub const STOP_SIGNALS: [&str; 7] = ["TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "KILL"];
+
+/// Checks an id chosen with `run --id`: 1 to [`MAX_RUN_ID_LEN`] bytes of
+/// `A-Z a-z 0-9 . _ -`. Returns the rule broken, to be shown as it is.
+pub fn validate_run_id(id: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if id.is_empty() || id.len() > MAX_RUN_ID_LEN || !id.chars().all(allowed) {
+        return Err(format!(
+            "invalid execution id {id:?}: an id is 1 to {MAX_RUN_ID_LEN} characters of \
+             A-Z, a-z, 0-9, '.', '_' and '-'"
+        ));
+    }
+    if id.chars().all(|c| c == '.') {
+        return Err(format!(
+            "invalid execution id {id:?}: an id cannot be only dots"
+        ));
+    }
+    Ok(())
+}
+
+/// The [`STOP_SIGNALS`] name `name` means (`TERM`, `SIGTERM`, `term`).
+pub fn stop_signal_name(name: &str) -> Option<&'static str> {
+    let upper = name.to_ascii_uppercase();
+    let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+    STOP_SIGNALS.into_iter().find(|s| *s == bare)
+}
+
+/// Linux's signal names, by number from 1.
+const SIGNAL_NAMES: [&str; 31] = [
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGILL",
+    "SIGTRAP",
+    "SIGABRT",
+    "SIGBUS",
+    "SIGFPE",
+    "SIGKILL",
+    "SIGUSR1",
+    "SIGSEGV",
+    "SIGUSR2",
+    "SIGPIPE",
+    "SIGALRM",
+    "SIGTERM",
+    "SIGSTKFLT",
+    "SIGCHLD",
+    "SIGCONT",
+    "SIGSTOP",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+    "SIGURG",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGWINCH",
+    "SIGIO",
+    "SIGPWR",
+    "SIGSYS",
+];
+
+/// A signal's name (`SIGKILL`), or its number for one without a common
+/// name.
+pub fn signal_name(signal: i32) -> String {
+    usize::try_from(signal)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|i| SIGNAL_NAMES.get(i))
+        .map_or_else(|| signal.to_string(), |name| (*name).to_owned())
+}
+
+/// The number of a signal named without `SIG` (`TERM` is 15), on Linux.
+pub fn signal_number(bare_name: &str) -> Option<i32> {
+    let position = SIGNAL_NAMES
+        .iter()
+        .position(|name| name.strip_prefix("SIG") == Some(bare_name))?;
+    i32::try_from(position + 1).ok()
 }
 
 /// The lifecycle of an execution. See the supervisor's transition table.
@@ -197,6 +301,32 @@ pub enum ExitStatus {
     SpawnFailed(String),
 }
 
+/// Why an execution ended, in one of the words `ps` shows in its REASON
+/// column: `exit N`, `signal NAME`, `deadline`, `crash loop`,
+/// `max restarts`, `stopped`, `lost` or `spawn failed`. `None` while it
+/// has not ended.
+pub fn ended_because(info: &ExecutionInfo) -> Option<String> {
+    let reason = info.reason.as_deref().unwrap_or("");
+    let word = match info.state {
+        s if !s.has_ended() => return None,
+        ExecState::Cancelled => "stopped".to_owned(),
+        _ if reason.starts_with("crash loop") => "crash loop".to_owned(),
+        _ if reason.starts_with("max restarts") => "max restarts".to_owned(),
+        _ if reason == "deadline" => "deadline".to_owned(),
+        ExecState::Lost => "lost".to_owned(),
+        _ => match &info.last_exit {
+            Some(ExitStatus::Code(code)) => format!("exit {code}"),
+            Some(ExitStatus::Signal(signal)) => format!("signal {}", signal_name(*signal)),
+            Some(ExitStatus::SpawnFailed(_)) => "spawn failed".to_owned(),
+            // A lost attempt that a limit ended, or a shim that could not
+            // be started at all.
+            None if reason.starts_with("shim pid") => "lost".to_owned(),
+            None => "spawn failed".to_owned(),
+        },
+    };
+    Some(word)
+}
+
 /// One row of `tether ps`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ExecutionInfo {
@@ -239,6 +369,12 @@ pub struct ExecutionDetail {
     pub cpu_per_mille: Option<u32>,
     /// The running worker's resident memory, in bytes.
     pub rss_bytes: Option<u64>,
+    /// `run --label` pairs, in the order given.
+    pub labels: Vec<(String, String)>,
+    /// The execution that started this one (`run --parent`).
+    pub parent: Option<String>,
+    /// The executions started with this one as their parent, oldest first.
+    pub children: Vec<String>,
 }
 
 /// Where and when a checkpoint was taken.
@@ -308,6 +444,8 @@ pub struct ShimSpecFull {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     fn named(id: &'static str, name: &'static str, ended: bool, at: u64) -> Named<'static> {
@@ -334,5 +472,87 @@ mod tests {
         assert_eq!(find(&[live, id_named_job], "job"), Some("job"));
         assert_eq!(find(&[live], "a1"), None);
         assert_eq!(find(&[ended_old], "a1"), Some("a1"));
+    }
+
+    #[test]
+    fn run_ids_follow_the_documented_rule() {
+        for good in ["job-1", "A.b_c", &"x".repeat(MAX_RUN_ID_LEN)] {
+            assert_eq!(validate_run_id(good), Ok(()), "{good}");
+        }
+        for bad in ["", "a b", "a/b", "ü", "..", &"x".repeat(MAX_RUN_ID_LEN + 1)] {
+            let why = validate_run_id(bad).unwrap_err();
+            assert!(why.contains("invalid execution id"), "{why}");
+        }
+    }
+
+    #[test]
+    fn stop_signals_are_named_with_or_without_sig() {
+        assert_eq!(stop_signal_name("sigint"), Some("INT"));
+        assert_eq!(stop_signal_name("TERM"), Some("TERM"));
+        assert_eq!(stop_signal_name("SEGV"), None);
+        assert_eq!(signal_number("TERM"), Some(15));
+        assert_eq!(signal_number("KILL"), Some(9));
+        assert_eq!(signal_number("USR2"), Some(12));
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(signal_name(64), "64");
+    }
+
+    #[test]
+    fn the_reason_word_says_why_an_execution_ended() {
+        let info = |state, last_exit, reason: Option<&str>| ExecutionInfo {
+            id: "x".into(),
+            name: None,
+            state,
+            pid: None,
+            attempt: 1,
+            restarts: 0,
+            command: vec![],
+            restart: RestartPolicy::OnFailure,
+            last_exit,
+            reason: reason.map(str::to_owned),
+            created_micros: 0,
+            stream_last_seq: 0,
+            last_checkpoint: None,
+        };
+        let word = |state, exit, reason| ended_because(&info(state, exit, reason));
+        use ExecState::*;
+        assert_eq!(word(Running, None, None), None);
+        assert_eq!(
+            word(Completed, Some(ExitStatus::Code(0)), None).as_deref(),
+            Some("exit 0")
+        );
+        assert_eq!(
+            word(Failed, Some(ExitStatus::Signal(9)), None).as_deref(),
+            Some("signal SIGKILL")
+        );
+        assert_eq!(
+            word(Failed, Some(ExitStatus::Code(1)), Some("crash loop")).as_deref(),
+            Some("crash loop")
+        );
+        assert_eq!(
+            word(
+                Failed,
+                Some(ExitStatus::Code(1)),
+                Some("max restarts (2) reached")
+            )
+            .as_deref(),
+            Some("max restarts")
+        );
+        assert_eq!(
+            word(Failed, Some(ExitStatus::Code(1)), Some("deadline")).as_deref(),
+            Some("deadline")
+        );
+        assert_eq!(
+            word(Cancelled, Some(ExitStatus::Signal(15)), None).as_deref(),
+            Some("stopped")
+        );
+        assert_eq!(
+            word(Lost, None, Some("shim pid 4 is gone")).as_deref(),
+            Some("lost")
+        );
+        assert_eq!(
+            word(Failed, Some(ExitStatus::SpawnFailed("no".into())), None).as_deref(),
+            Some("spawn failed")
+        );
     }
 }

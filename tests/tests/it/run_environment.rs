@@ -296,7 +296,8 @@ fn ps_shows_the_environments_keys_never_its_values_and_the_workers_use() {
             "RSS",
             "RESTARTS",
             "CHECKPOINT",
-            "LAST-SEQ"
+            "LAST-SEQ",
+            "REASON"
         ]
     );
     let row: Vec<&str> = lines[1].split_whitespace().collect();
