@@ -594,10 +594,47 @@ fn run_full_responses_encode_to_their_golden_bytes() {
     );
 }
 
+/// The requests that resume an ended execution and restart a live one.
+fn resume_request_fixtures() -> Vec<(Request, &'static str)> {
+    vec![
+        (
+            Request::Resume {
+                execution: "e1".into(),
+                checkpoint: Some(3),
+            },
+            "00000006 1c 026531 0103",
+        ),
+        (
+            Request::Resume {
+                execution: "e1".into(),
+                checkpoint: None,
+            },
+            "00000005 1c 026531 00",
+        ),
+        (
+            Request::Restart {
+                execution: "e1".into(),
+                timeout_ms: 5000,
+            },
+            "00000006 1d 026531 8827",
+        ),
+    ]
+}
+
+#[test]
+fn resume_requests_encode_to_their_golden_bytes() {
+    check_fixtures(
+        resume_request_fixtures(),
+        ClientCodec::new(),
+        ServerCodec::new(),
+    );
+}
+
 /// Every request fixture, the added families' included.
 fn all_request_fixtures() -> Vec<(Request, &'static str)> {
     let mut all = request_fixtures();
     all.extend(run_full_request_fixtures());
+    all.extend(resume_request_fixtures());
     all
 }
 
@@ -641,10 +678,12 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::RunFull(_) => "RunFull",
         Request::ListExecutionsFull { .. } => "ListExecutionsFull",
         Request::AppendStamped(_) => "AppendStamped",
+        Request::Resume { .. } => "Resume",
+        Request::Restart { .. } => "Restart",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 28] = [
+const ALL_REQUEST_VARIANTS: [&str; 30] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -673,6 +712,8 @@ const ALL_REQUEST_VARIANTS: [&str; 28] = [
     "RunFull",
     "ListExecutionsFull",
     "AppendStamped",
+    "Resume",
+    "Restart",
 ];
 
 /// See [`request_variant`].

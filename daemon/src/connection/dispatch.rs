@@ -198,6 +198,17 @@ impl Session {
                 execution,
                 timeout_ms,
             } => self.stop(&execution, timeout_ms).await,
+            Request::Resume {
+                execution,
+                checkpoint,
+            } => {
+                let execution = self.shared.supervisor.resume(&execution, checkpoint).await?;
+                self.send_all(vec![Response::Started { execution }]).await
+            }
+            Request::Restart {
+                execution,
+                timeout_ms,
+            } => self.restart(&execution, timeout_ms).await,
             Request::ShimHello(hello) => self.shim_hello(hello).await,
             Request::WorkerExited(exited) => self.worker_exited(exited).await,
             Request::CheckpointSavePart(piece) => self.gather_checkpoint(&piece),
@@ -394,6 +405,16 @@ impl Session {
         self.send_all(vec![Response::Stopped(stopped)]).await
     }
 
+    async fn restart(&mut self, execution: &str, timeout_ms: u64) -> Result<(), Refusal> {
+        let timeout = Duration::from_millis(timeout_ms);
+        let execution = tokio::select! {
+            // As with stop: the restart is carried on by the next daemon.
+            _ = self.shutdown.cancelled() => return Err(Error::ShuttingDown.into()),
+            restarted = self.shared.supervisor.restart(execution, timeout) => restarted?,
+        };
+        self.send_all(vec![Response::Started { execution }]).await
+    }
+
     async fn shim_hello(&mut self, hello: ShimHello) -> Result<(), Refusal> {
         if let Some((execution, attempt)) = &self.shim {
             if *execution != hello.execution || *attempt != hello.attempt {
@@ -500,6 +521,8 @@ fn control_target(request: &Request) -> &str {
         Request::Run(spec) => spec.name.as_deref().unwrap_or(""),
         Request::RunFull(run) => run.spec.name.as_deref().unwrap_or(""),
         Request::Stop { execution, .. }
+        | Request::Resume { execution, .. }
+        | Request::Restart { execution, .. }
         | Request::StepPut { execution, .. }
         | Request::StepClear { execution, .. } => execution,
         Request::CheckpointSave(save) => &save.execution,
@@ -514,6 +537,8 @@ fn control_target(request: &Request) -> &str {
 fn named_execution(request: &mut Request) -> Option<&mut String> {
     match request {
         Request::Stop { execution, .. }
+        | Request::Resume { execution, .. }
+        | Request::Restart { execution, .. }
         | Request::CheckpointLoad { execution }
         | Request::CheckpointList { execution }
         | Request::StepGet { execution, .. }

@@ -29,6 +29,7 @@ pub mod manifest;
 pub mod policy;
 pub mod procfs;
 mod recovery;
+mod resume;
 pub mod spawn;
 pub mod state;
 mod stop;
@@ -37,6 +38,7 @@ pub use recovery::{classify, Liveness};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -142,6 +144,9 @@ struct Slot {
     name: Option<String>,
     /// When it was submitted, to tell the newest of ended ones apart.
     created_micros: u64,
+    /// A resume has checked that no other live execution has the name
+    /// and has not committed yet: the name counts as taken.
+    reviving: AtomicBool,
 }
 
 impl Slot {
@@ -151,11 +156,12 @@ impl Slot {
         tether_protocol::Named {
             id,
             name: self.name.as_deref(),
-            ended: self
-                .committed
-                .borrow()
-                .as_ref()
-                .is_some_and(|m| state::is_final(m.state)),
+            ended: !self.reviving.load(Ordering::Acquire)
+                && self
+                    .committed
+                    .borrow()
+                    .as_ref()
+                    .is_some_and(|m| state::is_final(m.state)),
             created_micros: self.created_micros,
         }
     }
@@ -174,6 +180,10 @@ struct Execution {
     /// Whether the current attempt resumes from a checkpoint, as decided
     /// in the commit that started it (handed to its shim).
     resumed: bool,
+    /// `tether restart` is stopping the current attempt: its end starts
+    /// the next at once and is not counted as a failure. Kept in memory
+    /// only: after a daemon restart the attempt's end meets the policy.
+    restarting: bool,
 }
 
 /// A manifest change under construction: the next manifest and the
@@ -185,6 +195,8 @@ struct Change {
     /// The change starts an attempt after the first: its commit also looks
     /// up the checkpoint the attempt resumes from.
     resume: bool,
+    /// `tether resume --checkpoint`: the checkpoint to resume from.
+    from_checkpoint: Option<u64>,
 }
 
 impl Change {
@@ -193,6 +205,7 @@ impl Change {
             next: manifest.clone(),
             events: Vec::new(),
             resume: false,
+            from_checkpoint: None,
         }
     }
 
@@ -404,6 +417,49 @@ impl Supervisor {
         self.get(id)
     }
 
+    /// Starts a new attempt of an ended execution from its newest valid
+    /// checkpoint (or `checkpoint`). Resolves once the attempt's start is
+    /// committed; see `resume.rs`.
+    pub async fn resume(&self, id: &str, checkpoint: Option<u64>) -> Result<String> {
+        let inner = self.inner.clone();
+        let owned = id.to_owned();
+        self.inner
+            .detach(async move { inner.resume_ended(&owned, checkpoint).await })
+            .await?;
+        Ok(id.to_owned())
+    }
+
+    /// Stops the current attempt (SIGTERM, SIGKILL after `timeout`) and
+    /// starts the next at once. Resolves once the next attempt's start is
+    /// committed; see `resume.rs`.
+    pub async fn restart(&self, id: &str, timeout: Duration) -> Result<String> {
+        let inner = self.inner.clone();
+        let owned = id.to_owned();
+        let (mut committed, attempt) = self
+            .inner
+            .detach(async move { inner.request_restart(&owned, timeout).await })
+            .await?;
+        let shutdown = self.inner.shutdown.clone();
+        tokio::select! {
+            _ = shutdown.cancelled() => return Err(Error::ShuttingDown),
+            waited = committed.wait_for(|m| {
+                m.as_ref().is_some_and(|m| m.attempt > attempt || state::is_final(m.state))
+            }) => {
+                if waited.is_err() {
+                    return Err(Error::ShuttingDown);
+                }
+            }
+        }
+        let info = self.get(id)?;
+        if state::is_final(info.state) && info.attempt == attempt {
+            return Err(Error::InvalidRequest(format!(
+                "execution {id} ended ({}) instead of restarting",
+                info.state.as_str()
+            )));
+        }
+        Ok(id.to_owned())
+    }
+
     /// A shim says hello for `hello.attempt` of `hello.execution`. Refused
     /// with [`Error::ExecutionNotFound`] for an unknown execution and
     /// [`Error::InvalidRequest`] when that attempt has ended (the shim then
@@ -497,7 +553,7 @@ impl Inner {
         if change.resume {
             let (_, resume) = self
                 .queue
-                .record_attempt_start(&change.next.id, bytes, events)
+                .record_attempt_start(&change.next.id, bytes, events, change.from_checkpoint)
                 .await?;
             exec.resumed = resume.resumed();
         } else {
@@ -509,6 +565,7 @@ impl Inner {
         if state::is_final(exec.manifest.state) {
             exec.timer = None;
             exec.worker = None;
+            exec.restarting = false;
         }
         slot.committed.send_replace(Some(exec.manifest.clone()));
         Ok(())
@@ -596,12 +653,14 @@ fn new_slot(
     Arc::new(Slot {
         name,
         created_micros,
+        reviving: AtomicBool::new(false),
         exec: Arc::new(tokio::sync::Mutex::new(Execution {
             manifest,
             shim,
             worker,
             timer: None,
             resumed: false,
+            restarting: false,
         })),
         committed,
     })

@@ -153,7 +153,7 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 28;
+    const KINDS: u32 = 30;
 }
 
 impl Message for Response {

@@ -126,6 +126,19 @@ pub enum Request {
     /// own clock). Sent only to a daemon that granted
     /// [`Capabilities::APPEND_STAMPED`]. Answered like an append.
     AppendStamped(AppendStamped),
+    /// Start a new attempt of an ended execution (same id and stream)
+    /// from its newest valid checkpoint, or from checkpoint `checkpoint`
+    /// when one is named. Answered with [`Response::Started`] once the
+    /// attempt's start is durable; `Error` INVALID_REQUEST while it is
+    /// live, NOT_FOUND for an unknown execution or checkpoint.
+    Resume {
+        execution: String,
+        checkpoint: Option<u64>,
+    },
+    /// Stop the running attempt (stop signal, KILL after `timeout_ms`) and
+    /// start the next at once, not counted as a failure. Answered with
+    /// [`Response::Started`] once the next attempt's start is durable.
+    Restart { execution: String, timeout_ms: u64 },
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
@@ -166,6 +179,8 @@ impl Request {
             Request::RunFull(_) => 25,
             Request::ListExecutionsFull { .. } => 26,
             Request::AppendStamped(_) => Self::APPEND_STAMPED_KIND,
+            Request::Resume { .. } => 28,
+            Request::Restart { .. } => 29,
         }
     }
 
@@ -202,6 +217,8 @@ impl Request {
             "RunFull",
             "ListExecutionsFull",
             "AppendStamped",
+            "Resume",
+            "Restart",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -237,6 +254,8 @@ impl Request {
             Request::RunFull(_) => "RunFull",
             Request::ListExecutionsFull { .. } => "ListExecutionsFull",
             Request::AppendStamped(_) => "AppendStamped",
+            Request::Resume { .. } => "Resume",
+            Request::Restart { .. } => "Restart",
         }
     }
 }
