@@ -48,6 +48,7 @@ mod supervise_output;
 mod supervise_policy;
 mod supervise_ps;
 mod supervise_reattach;
+mod supervise_resume;
 mod supervise_stop;
 mod systemd_activation;
 mod systemd_config;
