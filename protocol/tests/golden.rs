@@ -618,7 +618,22 @@ fn resume_request_fixtures() -> Vec<(Request, &'static str)> {
             },
             "00000006 1d 026531 8827",
         ),
+        (Request::OutputFlushed { token: 7 }, "00000002 1e 07"),
     ]
+}
+
+/// The ask a shim answers with `OutputFlushed`.
+fn flush_response_fixtures() -> Vec<(Response, &'static str)> {
+    vec![(Response::FlushOutput { token: 300 }, "00000003 23 ac02")]
+}
+
+#[test]
+fn flush_responses_encode_to_their_golden_bytes() {
+    check_fixtures(
+        flush_response_fixtures(),
+        ServerCodec::new(),
+        ClientCodec::new(),
+    );
 }
 
 #[test]
@@ -642,6 +657,7 @@ fn all_request_fixtures() -> Vec<(Request, &'static str)> {
 fn all_response_fixtures() -> Vec<(Response, &'static str)> {
     let mut all = response_fixtures();
     all.extend(run_full_response_fixtures());
+    all.extend(flush_response_fixtures());
     all
 }
 
@@ -680,10 +696,11 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::AppendStamped(_) => "AppendStamped",
         Request::Resume { .. } => "Resume",
         Request::Restart { .. } => "Restart",
+        Request::OutputFlushed { .. } => "OutputFlushed",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 30] = [
+const ALL_REQUEST_VARIANTS: [&str; 31] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -714,6 +731,7 @@ const ALL_REQUEST_VARIANTS: [&str; 30] = [
     "AppendStamped",
     "Resume",
     "Restart",
+    "OutputFlushed",
 ];
 
 /// See [`request_variant`].
@@ -754,10 +772,11 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::CheckpointsFullPart(_) => "CheckpointsFullPart",
         Response::ExecutionsFull(_) => "ExecutionsFull",
         Response::ExecutionsFullPart(_) => "ExecutionsFullPart",
+        Response::FlushOutput { .. } => "FlushOutput",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 35] = [
+const ALL_RESPONSE_VARIANTS: [&str; 36] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -793,6 +812,7 @@ const ALL_RESPONSE_VARIANTS: [&str; 35] = [
     "CheckpointsFullPart",
     "ExecutionsFull",
     "ExecutionsFullPart",
+    "FlushOutput",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {

@@ -25,6 +25,10 @@ use crate::ingest::IngestAppend;
 use crate::supervisor::state;
 use crate::Error;
 
+
+/// Flush asks queued for one shim's session.
+const FLUSH_ASKS: usize = 16;
+
 impl Session {
     /// Handles one request other than an append.
     pub(super) async fn dispatch(&mut self, request: Request) -> Result<(), Refusal> {
@@ -210,6 +214,10 @@ impl Session {
                 timeout_ms,
             } => self.restart(&execution, timeout_ms).await,
             Request::ShimHello(hello) => self.shim_hello(hello).await,
+            Request::OutputFlushed { token } => {
+                self.output_flushed(token);
+                Ok(())
+            }
             Request::WorkerExited(exited) => self.worker_exited(exited).await,
             Request::CheckpointSavePart(piece) => self.gather_checkpoint(&piece),
             Request::CheckpointSave(mut save) => {
@@ -218,6 +226,7 @@ impl Session {
                     self.gather_checkpoint(&save.data)?;
                     save.data = std::mem::take(&mut self.checkpoint_parts).freeze();
                 }
+                self.shared.supervisor.flush_output(&save.execution).await;
                 let meta = self.shared.queue.save_checkpoint(save).await?;
                 self.send_all(vec![Response::CheckpointSaved(meta)]).await
             }
@@ -340,6 +349,7 @@ impl Session {
                 ));
             }
         }
+        self.shared.supervisor.flush_output(&execution).await;
         let save = CheckpointSave {
             execution,
             schema_version,
@@ -429,6 +439,11 @@ impl Session {
         }
         let attached = (hello.execution.clone(), hello.attempt);
         self.shared.supervisor.shim_hello(hello).await?;
+        if self.takes_flush && self.flush_asks.is_none() {
+            let (asks, received) = tokio::sync::mpsc::channel(FLUSH_ASKS);
+            self.shared.supervisor.attach_flusher(&attached.0, asks);
+            self.flush_asks = Some(received);
+        }
         self.shim = Some(attached);
         self.send_all(vec![Response::ShimAccepted]).await
     }

@@ -58,6 +58,9 @@ use spawn::Launcher;
 
 /// Longest worker output line kept as one frame; longer lines are split.
 const MAX_LINE: u32 = 64 * 1024;
+/// How long a checkpoint save waits for the shim to flush output through
+/// before it takes its seq anyway.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// After SIGKILL, how long the worker's exit may take to be reported
 /// before the shim itself is killed.
 const KILL_GRACE: Duration = Duration::from_secs(5);
@@ -147,7 +150,14 @@ struct Slot {
     /// A resume has checked that no other live execution has the name
     /// and has not committed yet: the name counts as taken.
     reviving: AtomicBool,
+    /// The session of the current attempt's shim, when it takes flush
+    /// asks (see [`Supervisor::flush_output`]).
+    flusher: Mutex<Option<Flusher>>,
 }
+
+/// Asks a shim's session to have the shim flush its output through: the
+/// sender is answered once the shim has.
+pub type Flusher = tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
 
 impl Slot {
     /// The fields names are resolved by. Reserved, not yet committed
@@ -460,6 +470,52 @@ impl Supervisor {
         Ok(id.to_owned())
     }
 
+    /// Takes `flusher` as the way to the shim of `attempt` of `id`, which
+    /// its session has just accepted.
+    pub fn attach_flusher(&self, id: &str, flusher: Flusher) {
+        if let Ok(slot) = self.inner.slot(id) {
+            *slot.flusher.lock().unwrap_or_else(PoisonError::into_inner) = Some(flusher);
+        }
+    }
+
+    /// Has the shim of the execution `id`, when one is attached, append
+    /// and have acknowledged every line its worker wrote so far: a
+    /// checkpoint saved after this gets a seq above them. Returns at once
+    /// without a live shim, and after [`FLUSH_TIMEOUT`] at most (logged):
+    /// a slow shim delays a save, never stops it.
+    pub async fn flush_output(&self, id: &str) {
+        let Ok(slot) = self.inner.slot(id) else {
+            return;
+        };
+        let live = slot
+            .committed
+            .borrow()
+            .as_ref()
+            .is_some_and(|m| state::has_shim(m.state));
+        if !live {
+            return;
+        }
+        let flusher = slot
+            .flusher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(flusher) = flusher else {
+            return;
+        };
+        let (done, flushed) = tokio::sync::oneshot::channel();
+        if flusher.try_send(done).is_err() {
+            // Its session has ended, or has asks enough in flight.
+            return;
+        }
+        if tokio::time::timeout(FLUSH_TIMEOUT, flushed).await.is_err() {
+            tracing::warn!(
+                execution = %id,
+                "the shim did not flush output within {FLUSH_TIMEOUT:?}; saving the checkpoint anyway"
+            );
+        }
+    }
+
     /// A shim says hello for `hello.attempt` of `hello.execution`. Refused
     /// with [`Error::ExecutionNotFound`] for an unknown execution and
     /// [`Error::InvalidRequest`] when that attempt has ended (the shim then
@@ -654,6 +710,7 @@ fn new_slot(
         name,
         created_micros,
         reviving: AtomicBool::new(false),
+        flusher: Mutex::new(None),
         exec: Arc::new(tokio::sync::Mutex::new(Execution {
             manifest,
             shim,

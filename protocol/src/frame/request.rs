@@ -139,6 +139,10 @@ pub enum Request {
     /// start the next at once, not counted as a failure. Answered with
     /// [`Response::Started`] once the next attempt's start is durable.
     Restart { execution: String, timeout_ms: u64 },
+    /// From a shim, in answer to [`Response::FlushOutput`] `token`: every
+    /// line the worker wrote before the shim read that ask has been
+    /// appended and acknowledged on this session. Not answered.
+    OutputFlushed { token: u64 },
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
@@ -181,6 +185,7 @@ impl Request {
             Request::AppendStamped(_) => Self::APPEND_STAMPED_KIND,
             Request::Resume { .. } => 28,
             Request::Restart { .. } => 29,
+            Request::OutputFlushed { .. } => 30,
         }
     }
 
@@ -219,6 +224,7 @@ impl Request {
             "AppendStamped",
             "Resume",
             "Restart",
+            "OutputFlushed",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -256,6 +262,7 @@ impl Request {
             Request::AppendStamped(_) => "AppendStamped",
             Request::Resume { .. } => "Resume",
             Request::Restart { .. } => "Restart",
+            Request::OutputFlushed { .. } => "OutputFlushed",
         }
     }
 }

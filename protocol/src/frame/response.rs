@@ -99,6 +99,11 @@ pub enum Response {
     /// A leading part of the answer to [`Request::ListExecutionsFull`]; see
     /// [`Response::StreamsPart`].
     ExecutionsFullPart(Vec<ExecutionDetail>),
+    /// To a shim that was granted [`Capabilities::OUTPUT_FLUSH`], unasked:
+    /// a checkpoint of its execution is being saved. The shim reads what
+    /// the worker has written so far, appends it, and once it is all
+    /// acknowledged sends [`Request::OutputFlushed`] with `token`.
+    FlushOutput { token: u64 },
 }
 
 impl Response {
@@ -145,6 +150,7 @@ impl Response {
             Response::CheckpointsFullPart(_) => "CheckpointsFullPart",
             Response::ExecutionsFull(_) => "ExecutionsFull",
             Response::ExecutionsFullPart(_) => "ExecutionsFullPart",
+            Response::FlushOutput { .. } => "FlushOutput",
         }
     }
 }

@@ -9,6 +9,7 @@
 mod attach_wait;
 mod bad_input;
 mod checkpoint_agent;
+mod checkpoint_boundary;
 mod checkpoint_cli;
 mod checkpoint_corruption;
 mod checkpoint_durability;
