@@ -812,13 +812,13 @@ mod tests {
         let m = manifest(ExecState::Completed);
         let mut change = Change::of(&m);
         let e = change
-            .go(ExecState::Starting, "starting again")
+            .go(ExecState::Running, "running again")
             .unwrap_err();
         assert!(matches!(
             e,
             Error::IllegalTransition {
                 from: "completed",
-                to: "starting",
+                to: "running",
                 ..
             }
         ));
