@@ -182,7 +182,11 @@ impl Client {
     #[pyo3(signature = (id, checkpoint=None))]
     fn resume(&self, py: Python<'_>, id: String, checkpoint: Option<u64>) -> PyResult<String> {
         let inner = &self.inner;
-        block_on(py, move || async move { inner.resume(&id, checkpoint).await })?.map_err(to_py)
+        block_on(
+            py,
+            move || async move { inner.resume(&id, checkpoint).await },
+        )?
+        .map_err(to_py)
     }
 
     /// Stops the running attempt (SIGTERM, SIGKILL after `timeout`

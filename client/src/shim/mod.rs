@@ -40,11 +40,11 @@ use std::io::Write;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use tether_protocol::{
     validate_name, Capabilities, ErrorCode, ExitStatus, FrameKind, Request, Response, ShimHello,
     ShimSpec, ShimSpecFull, WorkerExited,
 };
-use futures_util::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Child;
 

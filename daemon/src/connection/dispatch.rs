@@ -25,7 +25,6 @@ use crate::ingest::IngestAppend;
 use crate::supervisor::state;
 use crate::Error;
 
-
 /// Flush asks queued for one shim's session.
 const FLUSH_ASKS: usize = 16;
 
@@ -206,7 +205,11 @@ impl Session {
                 execution,
                 checkpoint,
             } => {
-                let execution = self.shared.supervisor.resume(&execution, checkpoint).await?;
+                let execution = self
+                    .shared
+                    .supervisor
+                    .resume(&execution, checkpoint)
+                    .await?;
                 self.send_all(vec![Response::Started { execution }]).await
             }
             Request::Restart {

@@ -126,7 +126,11 @@ impl Inner {
 
     /// Starts the shim of the attempt just committed as `starting`, and
     /// records its identity.
-    pub(super) async fn launch(self: &Arc<Self>, slot: &Arc<Slot>, exec: &mut Execution) -> Result<()> {
+    pub(super) async fn launch(
+        self: &Arc<Self>,
+        slot: &Arc<Slot>,
+        exec: &mut Execution,
+    ) -> Result<()> {
         let m = &exec.manifest;
         let spec = ShimSpecFull {
             spec: ShimSpec {

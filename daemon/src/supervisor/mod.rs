@@ -811,9 +811,7 @@ mod tests {
     fn an_illegal_transition_is_refused_and_changes_nothing() {
         let m = manifest(ExecState::Completed);
         let mut change = Change::of(&m);
-        let e = change
-            .go(ExecState::Running, "running again")
-            .unwrap_err();
+        let e = change.go(ExecState::Running, "running again").unwrap_err();
         assert!(matches!(
             e,
             Error::IllegalTransition {

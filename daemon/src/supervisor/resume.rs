@@ -30,7 +30,11 @@ use crate::{Error, Result};
 
 impl Inner {
     /// Starts a new attempt of the ended execution `id`.
-    pub(super) async fn resume_ended(self: Arc<Self>, id: &str, checkpoint: Option<u64>) -> Result<()> {
+    pub(super) async fn resume_ended(
+        self: Arc<Self>,
+        id: &str,
+        checkpoint: Option<u64>,
+    ) -> Result<()> {
         let slot = self.slot(id)?;
         let mut exec = slot.exec.lock().await;
         let m = &exec.manifest;

@@ -26,7 +26,10 @@ pub fn allowed(from: ExecState, to: ExecState) -> bool {
         (from, to),
         (Pending, Starting | Failed | Cancelled)
             | (Starting, Running | Failed | Lost | Cancelled)
-            | (Running, Completed | Failed | Cancelled | Lost | Backoff | Starting)
+            | (
+                Running,
+                Completed | Failed | Cancelled | Lost | Backoff | Starting
+            )
             | (Failed, Backoff | Starting)
             | (Lost, Backoff | Starting | Failed)
             | (Backoff, Starting | Failed | Cancelled)
@@ -128,8 +131,16 @@ mod tests {
     #[test]
     fn final_states_have_no_way_out_but_a_new_attempt() {
         for to in ALL {
-            assert_eq!(allowed(Completed, to), to == Starting, "completed -> {to:?}");
-            assert_eq!(allowed(Cancelled, to), to == Starting, "cancelled -> {to:?}");
+            assert_eq!(
+                allowed(Completed, to),
+                to == Starting,
+                "completed -> {to:?}"
+            );
+            assert_eq!(
+                allowed(Cancelled, to),
+                to == Starting,
+                "cancelled -> {to:?}"
+            );
         }
         assert!(is_final(Failed) && is_final(Lost));
         assert!(!is_final(Backoff) && !is_final(Pending));

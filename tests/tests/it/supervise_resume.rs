@@ -126,7 +126,8 @@ fn resume_and_restart_refuse_what_they_cannot_do() {
     let out = sup.sb().run(&["resume", &id, "--checkpoint", "99"]);
     out.assert_code(3);
     assert!(
-        out.stderr.contains(&format!("execution {id} has no checkpoint 99")),
+        out.stderr
+            .contains(&format!("execution {id} has no checkpoint 99")),
         "{:?}",
         out.stderr
     );
@@ -136,8 +137,9 @@ fn resume_and_restart_refuse_what_they_cannot_do() {
     let out = sup.sb().run(&["restart", &id]);
     out.assert_code(1);
     assert!(
-        out.stderr
-            .contains(&format!("execution {id} has ended (failed); 'tether resume {id}'")),
+        out.stderr.contains(&format!(
+            "execution {id} has ended (failed); 'tether resume {id}'"
+        )),
         "{:?}",
         out.stderr
     );
