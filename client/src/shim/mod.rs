@@ -19,6 +19,12 @@
 //! gives up reconnecting while it holds a running worker or unacknowledged
 //! frames.
 //!
+//! When a checkpoint of its execution is being saved, the daemon asks the
+//! shim to flush output through (`FlushOutput`): the shim reads what the
+//! worker has written so far, and once those frames are acknowledged
+//! answers `OutputFlushed`; only then does the checkpoint take its seq, so
+//! no line written before a save lands above it.
+//!
 //! When the worker has exited and both pipes are at end of file, the shim
 //! waits until every frame is acknowledged, then sends `WorkerExited` and
 //! waits for `ExitRecorded` (sending it again after a reconnect), and exits
