@@ -168,4 +168,8 @@ export class Client {
   ps(options?: { all?: boolean }): Promise<Array<Record<string, any>>>;
   /** Stops execution `id`: TERM, then KILL after `timeout` seconds. */
   stop(id: string, options?: { timeout?: number }): Promise<Record<string, any>>;
+  /** Starts a new attempt of ended execution `id` from its newest (or the named) checkpoint; resolves to its id. */
+  resume(id: string, options?: { checkpoint?: number }): Promise<string>;
+  /** Stops the running attempt of `id` (TERM, KILL after `timeout` seconds) and starts the next; resolves to its id. */
+  restart(id: string, options?: { timeout?: number }): Promise<string>;
 }

@@ -486,6 +486,16 @@ class Client {
     return JSON.parse(await mapped(this.#native.ps(Boolean(all))));
   }
 
+  /** Starts a new attempt of ended execution `id` from its newest (or the named) checkpoint. */
+  async resume(id, { checkpoint } = {}) {
+    return mapped(this.#native.resume(id, checkpoint ?? null));
+  }
+
+  /** Stops the running attempt of `id` (TERM, KILL after `timeout` seconds) and starts the next. */
+  async restart(id, { timeout } = {}) {
+    return mapped(this.#native.restart(id, timeout ?? null));
+  }
+
   /** Stops execution `id`: TERM, then KILL after `timeout` seconds. */
   async stop(id, { timeout } = {}) {
     return JSON.parse(await mapped(this.#native.stop(id, timeout ?? null)));

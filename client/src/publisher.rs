@@ -119,6 +119,19 @@ pub struct Publisher {
     max_payload: usize,
     /// Sessions that became ready (greeted) so far.
     sessions: u64,
+    /// `FlushOutput` asks received and not yet taken, with the session
+    /// (by [`Publisher::sessions`]) each came on.
+    flush_asks: Vec<FlushAsk>,
+}
+
+/// The daemon's ask to flush output through now (`Response::FlushOutput`),
+/// answered with [`Publisher::answer_flush`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlushAsk {
+    /// The ask's token, returned in the answer.
+    pub token: u64,
+    /// The session it came on: an answer on another would mean nothing.
+    pub session: u64,
 }
 
 impl Publisher {
@@ -150,6 +163,7 @@ impl Publisher {
             acked_through: 0,
             max_payload,
             sessions: 0,
+            flush_asks: Vec::new(),
         })
     }
 
@@ -189,6 +203,26 @@ impl Publisher {
     /// first, and one more after every reconnect.
     pub fn sessions(&self) -> u64 {
         self.sessions
+    }
+
+    /// The daemon's asks to flush output through now, received since the
+    /// last call (see [`FlushAsk`]).
+    pub fn take_flush_asks(&mut self) -> Vec<FlushAsk> {
+        std::mem::take(&mut self.flush_asks)
+    }
+
+    /// Answers `ask` with `Request::OutputFlushed`, to be written with the
+    /// next progress, if its session is still the current one. The caller
+    /// answers only once every frame it pushed before the ask is
+    /// acknowledged ([`Publisher::acked_through`]).
+    pub fn answer_flush(&mut self, ask: FlushAsk) -> Result<()> {
+        if self.phase != Phase::Ready || ask.session != self.sessions {
+            return Ok(());
+        }
+        if let Some(conn) = self.link.connection() {
+            conn.queue(&Request::OutputFlushed { token: ask.token })?;
+        }
+        Ok(())
     }
 
     /// True while the window can take another frame without waiting.
@@ -481,6 +515,13 @@ impl Publisher {
     /// Applies one answer: a cumulative `Appended` releases every frame up
     /// to its producer seq.
     fn absorb(&mut self, response: Response) -> Result<()> {
+        if let Response::FlushOutput { token } = response {
+            self.flush_asks.push(FlushAsk {
+                token,
+                session: self.sessions,
+            });
+            return Ok(());
+        }
         let Response::Appended(appended) = response else {
             return Err(unexpected("Appended", &response));
         };
@@ -529,7 +570,12 @@ async fn await_answer(
         if accepts(&response) {
             return Ok(response);
         }
-        if !matches!(response, Response::Appended(_)) {
+        // An ask to flush output while greeting or finishing goes
+        // unanswered: the daemon waits for it only so long.
+        if !matches!(
+            response,
+            Response::Appended(_) | Response::FlushOutput { .. }
+        ) {
             return Err(Error::Protocol(format!(
                 "unexpected {} in answer to {request}",
                 response.name()

@@ -283,6 +283,8 @@ pub fn is_control(request: &Request) -> bool {
         Request::Run(_)
             | Request::RunFull(_)
             | Request::Stop { .. }
+            | Request::Resume { .. }
+            | Request::Restart { .. }
             | Request::CheckpointSave(_)
             | Request::StepPut { .. }
             | Request::StepClear { .. }
@@ -454,6 +456,20 @@ mod tests {
         let why = reader.permits(&stop).unwrap_err();
         assert!(why.contains("uid 1001 (carol)"), "{why}");
         assert!(why.contains("may only read"), "{why}");
+        for new_attempt in [
+            Request::Resume {
+                execution: "e".into(),
+                checkpoint: None,
+            },
+            Request::Restart {
+                execution: "e".into(),
+                timeout_ms: 1,
+            },
+        ] {
+            let why = reader.permits(&new_attempt).unwrap_err();
+            assert!(why.contains("may only read"), "{why}");
+            assert!(reader.permits_kind(new_attempt.kind()).is_err());
+        }
     }
 
     /// A reader is refused by the kind of a request alone, before its

@@ -90,6 +90,10 @@ pub enum Error {
     #[error("no such execution {0:?}")]
     ExecutionNotFound(String),
 
+    /// No checkpoint by that id: its words alone.
+    #[error("{0}")]
+    CheckpointNotFound(String),
+
     /// A state change the execution state machine does not allow. It is
     /// refused (never applied): it means the daemon has a bug.
     #[error("illegal transition of execution {execution}: {from} -> {to}")]
@@ -221,7 +225,9 @@ impl Error {
             | Error::DamagedPlaces(_)
             | Error::DamageReported(_)
             | Error::Io { .. } => ErrorCode::STORAGE,
-            Error::StreamNotFound(_) | Error::ExecutionNotFound(_) => ErrorCode::NOT_FOUND,
+            Error::StreamNotFound(_)
+            | Error::ExecutionNotFound(_)
+            | Error::CheckpointNotFound(_) => ErrorCode::NOT_FOUND,
             Error::IllegalTransition { .. } => ErrorCode::INTERNAL,
             Error::InvalidRequest(_) => ErrorCode::INVALID_REQUEST,
             Error::ShuttingDown => ErrorCode::SHUTTING_DOWN,

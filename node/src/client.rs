@@ -170,6 +170,33 @@ impl NativeClient {
         let ended = self.inner.stop(&id, timeout).await.map_err(to_napi)?;
         Ok(ended.to_string())
     }
+
+    /// Starts a new attempt of an ended execution from its newest valid
+    /// checkpoint (or checkpoint `checkpoint`); resolves to its id.
+    #[napi]
+    pub async fn resume(&self, id: String, checkpoint: Option<i64>) -> napi::Result<String> {
+        let checkpoint = match checkpoint {
+            Some(n) => Some(u64::try_from(n).map_err(|_| {
+                napi::Error::new(
+                    napi::Status::InvalidArg,
+                    "checkpoint must be a checkpoint id (an integer >= 1)",
+                )
+            })?),
+            None => None,
+        };
+        self.inner.resume(&id, checkpoint).await.map_err(to_napi)
+    }
+
+    /// Stops the running attempt (SIGTERM, SIGKILL after `timeout`
+    /// seconds) and starts the next at once; resolves to the id.
+    #[napi]
+    pub async fn restart(&self, id: String, timeout: Option<f64>) -> napi::Result<String> {
+        let timeout = match timeout {
+            Some(secs) => seconds(secs, "timeout")?,
+            None => STOP_TIMEOUT,
+        };
+        self.inner.restart(&id, timeout).await.map_err(to_napi)
+    }
 }
 
 /// A reader of one stream; `Tail` in `index.js` hands its batches out one

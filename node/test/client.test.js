@@ -218,3 +218,22 @@ test('run by id with labels and a parent', async (t) => {
   await c.stop(child, { timeout: 5 });
   await c.stop(parent, { timeout: 5 });
 });
+
+test('restart and resume a worker', async (t) => {
+  const d = await Daemon.start(t);
+  const c = d.client();
+  const id = await c.run(['sh', '-c', 'exec sleep 600'], { restart: 'never', cwd: d.root });
+  const only = async (attempt, state) => {
+    const live = await c.ps();
+    return live.length === 1 && live[0].attempt === attempt && live[0].state === state;
+  };
+  await waitFor(() => only(1, 'running'), 'the first attempt to run');
+  assert.equal(await c.restart(id, { timeout: 5 }), id);
+  await waitFor(() => only(2, 'running'), 'the second attempt to run');
+  await c.stop(id, { timeout: 5 });
+  assert.equal(await c.resume(id), id);
+  await waitFor(() => only(3, 'running'), 'the resumed attempt to run');
+  await assert.rejects(c.resume(id), tether.Refused);
+  await assert.rejects(c.restart('no-such-execution'), tether.NotFound);
+  await c.stop(id, { timeout: 5 });
+});

@@ -603,11 +603,63 @@ fn run_full_responses_encode_to_their_golden_bytes() {
     );
 }
 
+/// The requests that resume an ended execution and restart a live one.
+fn resume_request_fixtures() -> Vec<(Request, &'static str)> {
+    vec![
+        (
+            Request::Resume {
+                execution: "e1".into(),
+                checkpoint: Some(3),
+            },
+            "00000006 1d 026531 0103",
+        ),
+        (
+            Request::Resume {
+                execution: "e1".into(),
+                checkpoint: None,
+            },
+            "00000005 1d 026531 00",
+        ),
+        (
+            Request::Restart {
+                execution: "e1".into(),
+                timeout_ms: 5000,
+            },
+            "00000006 1e 026531 8827",
+        ),
+        (Request::OutputFlushed { token: 7 }, "00000002 1f 07"),
+    ]
+}
+
+/// The ask a shim answers with `OutputFlushed`.
+fn flush_response_fixtures() -> Vec<(Response, &'static str)> {
+    vec![(Response::FlushOutput { token: 300 }, "00000003 25 ac02")]
+}
+
+#[test]
+fn flush_responses_encode_to_their_golden_bytes() {
+    check_fixtures(
+        flush_response_fixtures(),
+        ServerCodec::new(),
+        ClientCodec::new(),
+    );
+}
+
+#[test]
+fn resume_requests_encode_to_their_golden_bytes() {
+    check_fixtures(
+        resume_request_fixtures(),
+        ClientCodec::new(),
+        ServerCodec::new(),
+    );
+}
+
 /// Every request fixture, the added families' included.
 fn all_request_fixtures() -> Vec<(Request, &'static str)> {
     let mut all = request_fixtures();
     all.extend(run_full_request_fixtures());
     all.extend(metrics_request_fixtures());
+    all.extend(resume_request_fixtures());
     all
 }
 
@@ -616,6 +668,7 @@ fn all_response_fixtures() -> Vec<(Response, &'static str)> {
     let mut all = response_fixtures();
     all.extend(run_full_response_fixtures());
     all.extend(metrics_response_fixtures());
+    all.extend(flush_response_fixtures());
     all
 }
 
@@ -653,10 +706,13 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::ListExecutionsFull { .. } => "ListExecutionsFull",
         Request::AppendStamped(_) => "AppendStamped",
         Request::Metrics => "Metrics",
+        Request::Resume { .. } => "Resume",
+        Request::Restart { .. } => "Restart",
+        Request::OutputFlushed { .. } => "OutputFlushed",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 29] = [
+const ALL_REQUEST_VARIANTS: [&str; 32] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -686,6 +742,9 @@ const ALL_REQUEST_VARIANTS: [&str; 29] = [
     "ListExecutionsFull",
     "AppendStamped",
     "Metrics",
+    "Resume",
+    "Restart",
+    "OutputFlushed",
 ];
 
 /// See [`request_variant`].
@@ -728,10 +787,11 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::ExecutionsFullPart(_) => "ExecutionsFullPart",
         Response::Metrics(_) => "Metrics",
         Response::MetricsPart(_) => "MetricsPart",
+        Response::FlushOutput { .. } => "FlushOutput",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 37] = [
+const ALL_RESPONSE_VARIANTS: [&str; 38] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -769,6 +829,7 @@ const ALL_RESPONSE_VARIANTS: [&str; 37] = [
     "ExecutionsFullPart",
     "Metrics",
     "MetricsPart",
+    "FlushOutput",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {

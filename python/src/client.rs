@@ -187,6 +187,27 @@ impl Client {
             block_on(py, move || async move { inner.stop(&id, timeout).await })?.map_err(to_py)?;
         from_json(py, &value)
     }
+
+    /// Starts a new attempt of an ended execution from its newest valid
+    /// checkpoint (or checkpoint `checkpoint`) and returns its id.
+    #[pyo3(signature = (id, checkpoint=None))]
+    fn resume(&self, py: Python<'_>, id: String, checkpoint: Option<u64>) -> PyResult<String> {
+        let inner = &self.inner;
+        block_on(
+            py,
+            move || async move { inner.resume(&id, checkpoint).await },
+        )?
+        .map_err(to_py)
+    }
+
+    /// Stops the running attempt (SIGTERM, SIGKILL after `timeout`
+    /// seconds) and starts the next at once; returns the execution's id.
+    #[pyo3(signature = (id, timeout=10.0))]
+    fn restart(&self, py: Python<'_>, id: String, timeout: f64) -> PyResult<String> {
+        let timeout = seconds(timeout, "timeout")?;
+        let inner = &self.inner;
+        block_on(py, move || async move { inner.restart(&id, timeout).await })?.map_err(to_py)
+    }
 }
 
 /// A number of seconds as a duration; `what` names the argument.

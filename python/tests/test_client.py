@@ -138,6 +138,32 @@ def test_run_by_id_with_labels_and_a_parent(daemon):
     c.stop(parent, timeout=5)
 
 
+def test_resume_and_restart_a_worker(daemon, tmp_path):
+    c = daemon.client()
+    script = (
+        "import os, time; print('attempt', os.environ['TETHER_ATTEMPT'], "
+        "os.environ.get('TETHER_RESUMED', '-'), flush=True); time.sleep(600)"
+    )
+    execution = c.run([sys.executable, "-c", script], restart="never", cwd=tmp_path)
+    wait_for(lambda: c.ps()[0]["state"] == "running", "the worker to run")
+    assert c.restart(execution, timeout=5) == execution
+    wait_for(
+        lambda: (c.ps()[0]["attempt"], c.ps()[0]["state"]) == (2, "running"),
+        "the second attempt to run",
+    )
+    assert c.stop(execution, timeout=5)["state"] == "cancelled"
+    assert c.resume(execution) == execution
+    wait_for(
+        lambda: [(e["attempt"], e["state"]) for e in c.ps()] == [(3, "running")],
+        "the resumed attempt to run",
+    )
+    with pytest.raises(tether.Refused, match="not ended"):
+        c.resume(execution)
+    with pytest.raises(tether.NotFound):
+        c.restart("no-such-execution")
+    c.stop(execution, timeout=5)
+
+
 def test_a_durable_consumer_reads_exactly_once_across_a_daemon_kill(daemon):
     c = daemon.client()
     c.publish("s", ["1", "2", "3"], producer="p")

@@ -154,6 +154,12 @@ class Client:
     async def stop(self, id: str, timeout: float = 10.0) -> dict:
         return await asyncio.to_thread(self._sync.stop, id, timeout)
 
+    async def resume(self, id: str, checkpoint: int | None = None) -> str:
+        return await asyncio.to_thread(self._sync.resume, id, checkpoint)
+
+    async def restart(self, id: str, timeout: float = 10.0) -> str:
+        return await asyncio.to_thread(self._sync.restart, id, timeout)
+
 
 class Worker:
     """``tether.Worker`` with coroutines. Get one with ``Worker.from_env()``."""

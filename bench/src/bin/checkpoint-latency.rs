@@ -3,7 +3,9 @@
 //! it starts. Prints p50/p99 per snapshot size.
 //!
 //! The daemon gets a stand-in shim that only sleeps, so the execution the
-//! checkpoints belong to exists but runs nothing.
+//! checkpoints belong to exists but runs nothing. With `--real-shim` the
+//! execution runs `sleep` under the real `tether-shim` instead, so every
+//! save first has the shim flush its output through.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -11,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use tether_protocol::{Capabilities, CheckpointSave, Request, Response, RestartPolicy, RunSpec};
+use tether_protocol::{
+    Capabilities, CheckpointSave, ExecState, Request, Response, RestartPolicy, RunSpec,
+};
 
 use tether_bench::{call, connect, percentile, tetherd_path, BoxError, Conn, Daemon};
 
@@ -28,6 +32,10 @@ struct Args {
     /// Snapshot sizes in bytes.
     #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 1024 * 1024])]
     sizes: Vec<usize>,
+    /// Run the execution under the real shim (found next to tetherd), so
+    /// that each save includes the shim's flush.
+    #[arg(long)]
+    real_shim: bool,
     /// Directory for the daemon's state [default: a temporary directory].
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
@@ -67,7 +75,11 @@ async fn bench(args: Args) -> Result<(), BoxError> {
     let shim = dir.join("idle-shim");
     std::fs::write(&shim, IDLE_SHIM)?;
     std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))?;
-    let (_daemon, socket) = Daemon::start(&tetherd, dir, &["--shim".as_ref(), shim.as_os_str()])?;
+    let extra: Vec<&std::ffi::OsStr> = match args.real_shim {
+        true => Vec::new(),
+        false => vec!["--shim".as_ref(), shim.as_os_str()],
+    };
+    let (_daemon, socket) = Daemon::start(&tetherd, dir, &extra)?;
     let mut conn = connect(
         &socket,
         Duration::from_secs(10),
@@ -75,10 +87,17 @@ async fn bench(args: Args) -> Result<(), BoxError> {
         "checkpoint-latency",
     )
     .await?;
-    let execution = match call(&mut conn, Request::Run(idle_run(&shim))).await? {
+    let mut run = idle_run(&shim);
+    if args.real_shim {
+        run.command = vec!["sleep".into(), "600".into()];
+    }
+    let execution = match call(&mut conn, Request::Run(run)).await? {
         Response::Started { execution } => execution,
         other => return Err(format!("expected Started, got {other:?}").into()),
     };
+    if args.real_shim {
+        wait_running(&mut conn).await?;
+    }
     println!("size_bytes\tsamples\tp50_ms\tp99_ms\tmax_ms");
     for &size in &args.sizes {
         let mut times = measure(&mut conn, &execution, size, args.samples).await?;
@@ -92,6 +111,22 @@ async fn bench(args: Args) -> Result<(), BoxError> {
         );
     }
     Ok(())
+}
+
+/// Waits until the execution runs, so that its shim is attached.
+async fn wait_running(conn: &mut Conn) -> Result<(), BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match call(conn, Request::ListExecutions { all: false }).await? {
+            Response::Executions(list) if list.iter().any(|e| e.state == ExecState::Running) => {
+                return Ok(())
+            }
+            Response::Executions(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return Err(format!("the worker is not running: {other:?}").into()),
+        }
+    }
 }
 
 fn idle_run(shim: &Path) -> RunSpec {

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod output;
 pub mod ps;
 pub mod publish;
+pub mod resume;
 pub mod run;
 pub mod run_env;
 pub mod shell;
@@ -115,6 +116,11 @@ enum Command {
     Ps(ps::PsArgs),
     /// Stop an execution: SIGTERM, then SIGKILL after the timeout.
     Stop(stop::StopArgs),
+    /// Start a new attempt of an ended execution from its newest (or the
+    /// named) checkpoint.
+    Resume(resume::ResumeArgs),
+    /// Stop the running attempt and start the next at once.
+    Restart(resume::RestartArgs),
     /// Save, load and list an execution's checkpoints.
     Checkpoint(checkpoint::CheckpointArgs),
     /// Run, record, show and forget an execution's durable steps.
@@ -234,6 +240,8 @@ pub fn main() -> ExitCode {
             Command::Run(args) => run::run(&context, args).await,
             Command::Ps(args) => done(ps::run(&context, args).await),
             Command::Stop(args) => done(stop::run(&context, args).await),
+            Command::Resume(args) => done(resume::resume(&context, args).await),
+            Command::Restart(args) => done(resume::restart(&context, args).await),
             Command::Checkpoint(args) => checkpoint::run(&context, args).await,
             Command::Step(args) => step::run(&context, args).await,
             Command::Attach(args) => Ok(attach::run(&context, args).await),

@@ -234,10 +234,15 @@ impl Connector {
                 daemon: String::new(),
             },
         };
-        // `APPEND_STAMPED` is asked for on top of what is needed: a daemon
-        // that predates it ignores the bit, and a publisher then sends
-        // plain appends (see `Connection::hello`).
-        let asked = Capabilities(self.options.capabilities.0 | Capabilities::APPEND_STAMPED.0);
+        // `APPEND_STAMPED` and `OUTPUT_FLUSH` are asked for on top of what
+        // is needed: a daemon that predates them ignores the bits, and a
+        // publisher then sends plain appends (see `Connection::hello`) and
+        // a shim is never asked to flush.
+        let asked = Capabilities(
+            self.options.capabilities.0
+                | Capabilities::APPEND_STAMPED.0
+                | Capabilities::OUTPUT_FLUSH.0,
+        );
         let hello = Request::Hello(Hello {
             version: PROTOCOL_VERSION,
             capabilities: asked,

@@ -203,6 +203,54 @@ impl Client {
             other => Err(unexpected("Stopped", &other)),
         }
     }
+
+    /// Starts a new attempt of an ended execution as `tether resume`
+    /// does, from its newest valid checkpoint or from `checkpoint`.
+    pub async fn resume(&self, execution: &str, checkpoint: Option<u64>) -> Result<String> {
+        resume(&self.connector, execution, checkpoint).await
+    }
+
+    /// Stops the running attempt and starts the next as `tether restart`
+    /// does (SIGTERM, SIGKILL after `timeout`).
+    pub async fn restart(&self, execution: &str, timeout: Duration) -> Result<String> {
+        restart(&self.connector, execution, timeout).await
+    }
+}
+
+/// Starts a new attempt of an ended execution, same id and stream, from
+/// its newest valid checkpoint (or checkpoint `checkpoint`), and returns
+/// its id once the start is recorded. Sent once, never retried: after a
+/// connection failure the attempt may have started (check `ps`).
+pub async fn resume(
+    connector: &Connector,
+    execution: &str,
+    checkpoint: Option<u64>,
+) -> Result<String> {
+    let request = Request::Resume {
+        execution: execution.to_owned(),
+        checkpoint,
+    };
+    let mut conn = connector.connect().await?;
+    match conn.request(&request).await? {
+        Response::Started { execution } => Ok(execution),
+        other => Err(unexpected("Started", &other)),
+    }
+}
+
+/// Stops the running attempt of an execution (SIGTERM, SIGKILL after
+/// `timeout`) and starts the next at once, not counted as a failure;
+/// returns its id once the next attempt's start is recorded. Sent once,
+/// as [`resume`] is.
+pub async fn restart(connector: &Connector, execution: &str, timeout: Duration) -> Result<String> {
+    let request = Request::Restart {
+        execution: execution.to_owned(),
+        timeout_ms: crate::time::millis(timeout),
+    };
+    let mut conn = connector.connect().await?;
+    match conn.request(&request).await? {
+        Response::Started { execution } => Ok(execution),
+        other => Err(unexpected("Started", &other)),
+    }
 }
 
 /// The daemon's status and its storage report (`None` from a daemon that

@@ -19,6 +19,12 @@
 //! gives up reconnecting while it holds a running worker or unacknowledged
 //! frames.
 //!
+//! When a checkpoint of its execution is being saved, the daemon asks the
+//! shim to flush output through (`FlushOutput`): the shim reads what the
+//! worker has written so far, and once those frames are acknowledged
+//! answers `OutputFlushed`; only then does the checkpoint take its seq, so
+//! no line written before a save lands above it.
+//!
 //! When the worker has exited and both pipes are at end of file, the shim
 //! waits until every frame is acknowledged, then sends `WorkerExited` and
 //! waits for `ExitRecorded` (sending it again after a reconnect), and exits
@@ -40,6 +46,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use tether_protocol::{
     validate_name, Capabilities, ErrorCode, ExitStatus, FrameKind, Request, Response, ShimHello,
     ShimSpec, ShimSpecFull, WorkerExited,
@@ -50,7 +57,7 @@ use tokio::process::Child;
 use crate::backoff::Backoff;
 use crate::conn::{ConnectOptions, Connector, Endpoint, StorageFaultNotice, RETRY_FOREVER};
 use crate::error::{Error, Result};
-use crate::publisher::{Greeting, Publisher, PublisherOptions};
+use crate::publisher::{FlushAsk, Greeting, Publisher, PublisherOptions};
 use crate::time::{now_micros, Rfc3339};
 use lines::LineSplitter;
 use worker::{Output, Worker};
@@ -248,10 +255,14 @@ impl Shim<'_> {
         let mut out = Pipe::new(Some(stdout), FrameKind::Stdout, max_frame, chunk);
         let mut err = Pipe::new(stderr, FrameKind::Stderr, max_frame, chunk);
         let mut status = None;
+        let mut flushes = Flushes::default();
         loop {
             if let (Some(status), false, false) = (&status, out.is_open(), err.is_open()) {
                 return Ok(ExitStatus::clone(status));
             }
+            self.flush_through(&mut flushes, &mut out, &mut err)
+                .await
+                .map_err(Stop::Failed)?;
             // Pipes are read only while the window has room: when it is
             // full the worker blocks on its next write instead of output
             // piling up here.
@@ -282,6 +293,66 @@ impl Shim<'_> {
                 }
             }
         }
+    }
+
+    /// Serves the daemon's asks to flush output through now (a checkpoint
+    /// is being saved): reads everything the worker has written so far
+    /// (as far as the window has room), and answers each ask once every
+    /// frame pushed by then is acknowledged, so that the checkpoint's seq
+    /// is above every line written before it was saved.
+    async fn flush_through<A, B>(
+        &mut self,
+        flushes: &mut Flushes,
+        out: &mut Pipe<A>,
+        err: &mut Pipe<B>,
+    ) -> Result<()>
+    where
+        A: AsyncRead + Unpin,
+        B: AsyncRead + Unpin,
+    {
+        let asks = self.publisher.take_flush_asks();
+        if !asks.is_empty() {
+            flushes.draining.extend(asks);
+            flushes.yielded = false;
+        }
+        if !flushes.draining.is_empty() {
+            if !flushes.yielded {
+                // One turn of the runtime first, so that its reactor has
+                // seen every pipe readable that has data: a read polled
+                // once below then finds what the worker wrote before it
+                // asked to save.
+                tokio::task::yield_now().await;
+                flushes.yielded = true;
+            }
+            let mut drained = true;
+            for pipe in [&mut *out as &mut dyn Drain, &mut *err] {
+                while pipe.open() {
+                    if !self.publisher.has_room() {
+                        // The rest is read once acknowledgements make room.
+                        drained = false;
+                        break;
+                    }
+                    match pipe.read_now() {
+                        Some(read) => pipe.take_into(self, read)?,
+                        None => break,
+                    }
+                }
+            }
+            if drained {
+                let through = self.next_seq;
+                let asks = flushes.draining.drain(..);
+                flushes.waiting.extend(asks.map(|ask| (ask, through)));
+            }
+        }
+        let acked = self.publisher.acked_through();
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut flushes.waiting)
+            .into_iter()
+            .partition(|(_, through)| *through <= acked);
+        flushes.waiting = waiting;
+        for (ask, _) in done {
+            self.publisher.answer_flush(ask)?;
+        }
+        Ok(())
     }
 
     /// Hands the frames of one read to the publisher. End of file (or a
@@ -368,6 +439,41 @@ impl Shim<'_> {
             self.log
                 .say(format_args!("reattached to tetherd (session {sessions})"));
         }
+    }
+}
+
+/// The daemon's flush asks: those whose output is still being read, and
+/// those waiting for their frames' acknowledgement, each with the producer
+/// seq that must be acknowledged first.
+#[derive(Default)]
+struct Flushes {
+    draining: Vec<FlushAsk>,
+    /// The runtime has had its turn since the newest ask came.
+    yielded: bool,
+    waiting: Vec<(FlushAsk, u64)>,
+}
+
+/// A pipe read without waiting, whatever its reader's type.
+trait Drain {
+    fn open(&self) -> bool;
+    /// A read that completes at once, or `None` when it would wait.
+    fn read_now(&mut self) -> Option<std::io::Result<usize>>;
+    fn take_into(&mut self, shim: &mut Shim<'_>, read: std::io::Result<usize>) -> Result<()>;
+}
+
+impl<R: AsyncRead + Unpin> Drain for Pipe<R> {
+    fn open(&self) -> bool {
+        self.is_open()
+    }
+
+    fn read_now(&mut self) -> Option<std::io::Result<usize>> {
+        // Cancel-safe (see `Pipe::read`): dropped while pending, it has
+        // consumed nothing.
+        self.read().now_or_never()
+    }
+
+    fn take_into(&mut self, shim: &mut Shim<'_>, read: std::io::Result<usize>) -> Result<()> {
+        shim.take(self, read)
     }
 }
 

@@ -25,6 +25,9 @@ use crate::ingest::IngestAppend;
 use crate::supervisor::state;
 use crate::Error;
 
+/// Flush asks queued for one shim's session.
+const FLUSH_ASKS: usize = 16;
+
 impl Session {
     /// Handles one request other than an append.
     pub(super) async fn dispatch(&mut self, request: Request) -> Result<(), Refusal> {
@@ -204,7 +207,26 @@ impl Session {
                 execution,
                 timeout_ms,
             } => self.stop(&execution, timeout_ms).await,
+            Request::Resume {
+                execution,
+                checkpoint,
+            } => {
+                let execution = self
+                    .shared
+                    .supervisor
+                    .resume(&execution, checkpoint)
+                    .await?;
+                self.send_all(vec![Response::Started { execution }]).await
+            }
+            Request::Restart {
+                execution,
+                timeout_ms,
+            } => self.restart(&execution, timeout_ms).await,
             Request::ShimHello(hello) => self.shim_hello(hello).await,
+            Request::OutputFlushed { token } => {
+                self.output_flushed(token);
+                Ok(())
+            }
             Request::WorkerExited(exited) => self.worker_exited(exited).await,
             Request::CheckpointSavePart(piece) => self.gather_checkpoint(&piece),
             Request::CheckpointSave(mut save) => {
@@ -213,6 +235,7 @@ impl Session {
                     self.gather_checkpoint(&save.data)?;
                     save.data = std::mem::take(&mut self.checkpoint_parts).freeze();
                 }
+                self.shared.supervisor.flush_output(&save.execution).await;
                 let meta = self.shared.queue.save_checkpoint(save).await?;
                 self.send_all(vec![Response::CheckpointSaved(meta)]).await
             }
@@ -340,6 +363,7 @@ impl Session {
                 ));
             }
         }
+        self.shared.supervisor.flush_output(&execution).await;
         let save = CheckpointSave {
             execution,
             schema_version,
@@ -409,6 +433,16 @@ impl Session {
         self.send_all(vec![Response::Stopped(stopped)]).await
     }
 
+    async fn restart(&mut self, execution: &str, timeout_ms: u64) -> Result<(), Refusal> {
+        let timeout = Duration::from_millis(timeout_ms);
+        let execution = tokio::select! {
+            // As with stop: the restart is carried on by the next daemon.
+            _ = self.shutdown.cancelled() => return Err(Error::ShuttingDown.into()),
+            restarted = self.shared.supervisor.restart(execution, timeout) => restarted?,
+        };
+        self.send_all(vec![Response::Started { execution }]).await
+    }
+
     async fn shim_hello(&mut self, hello: ShimHello) -> Result<(), Refusal> {
         if let Some((execution, attempt)) = &self.shim {
             if *execution != hello.execution || *attempt != hello.attempt {
@@ -423,6 +457,11 @@ impl Session {
         }
         let attached = (hello.execution.clone(), hello.attempt);
         self.shared.supervisor.shim_hello(hello).await?;
+        if self.takes_flush && self.flush_asks.is_none() {
+            let (asks, received) = tokio::sync::mpsc::channel(FLUSH_ASKS);
+            self.shared.supervisor.attach_flusher(&attached.0, asks);
+            self.flush_asks = Some(received);
+        }
         self.shim = Some(attached);
         self.send_all(vec![Response::ShimAccepted]).await
     }
@@ -515,6 +554,8 @@ fn control_target(request: &Request) -> &str {
         Request::Run(spec) => spec.name.as_deref().unwrap_or(""),
         Request::RunFull(run) => run.spec.name.as_deref().unwrap_or(""),
         Request::Stop { execution, .. }
+        | Request::Resume { execution, .. }
+        | Request::Restart { execution, .. }
         | Request::StepPut { execution, .. }
         | Request::StepClear { execution, .. } => execution,
         Request::CheckpointSave(save) => &save.execution,
@@ -529,6 +570,8 @@ fn control_target(request: &Request) -> &str {
 fn named_execution(request: &mut Request) -> Option<&mut String> {
     match request {
         Request::Stop { execution, .. }
+        | Request::Resume { execution, .. }
+        | Request::Restart { execution, .. }
         | Request::CheckpointLoad { execution }
         | Request::CheckpointList { execution }
         | Request::StepGet { execution, .. }

@@ -20,6 +20,7 @@ mod read;
 mod subscribe;
 mod write;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,7 @@ use tether_protocol::{
 };
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedWrite;
 use tokio_util::sync::CancellationToken;
 
@@ -132,6 +134,10 @@ pub async fn run(stream: UnixStream, shared: Arc<Shared>, shutdown: Cancellation
         lone_streak: false,
         awaiting_lone: None,
         checkpoint_parts: BytesMut::new(),
+        takes_flush: false,
+        flush_asks: None,
+        flush_waiting: BTreeMap::new(),
+        next_flush_token: 0,
     };
     match session.serve(read_half, &shutdown).await {
         Ok(Ending::ClientLeft) => {}
@@ -186,6 +192,28 @@ struct Session {
     /// The leading pieces of a checkpoint too large for one message, for
     /// the `CheckpointSave` that ends it (see `parts`).
     checkpoint_parts: BytesMut,
+    /// The client was granted `OUTPUT_FLUSH`: as a shim, it is asked to
+    /// flush output through before its execution's checkpoints are saved.
+    takes_flush: bool,
+    /// Asks to pass on to this session's shim, once it is accepted.
+    flush_asks: Option<mpsc::Receiver<oneshot::Sender<()>>>,
+    /// Asks sent to the shim and not yet answered, by token.
+    flush_waiting: BTreeMap<u64, oneshot::Sender<()>>,
+    next_flush_token: u64,
+}
+
+/// Flush asks a shim may have unanswered; beyond it the oldest is given
+/// up (its saver waits no longer).
+const MAX_FLUSH_WAITING: usize = 64;
+
+/// The next flush ask for this session's shim; never, without one.
+async fn recv_flush_ask(
+    asks: &mut Option<mpsc::Receiver<oneshot::Sender<()>>>,
+) -> Option<oneshot::Sender<()>> {
+    match asks {
+        Some(asks) => asks.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Session {
@@ -236,6 +264,13 @@ impl Session {
                 event = recv_event(&mut self.subscription), if subscribed => {
                     self.deliver(event).await?;
                 }
+                ask = recv_flush_ask(&mut self.flush_asks), if self.flush_asks.is_some() => {
+                    match ask {
+                        Some(done) => self.ask_flush(done).await?,
+                        // Another session of the shim took over.
+                        None => self.flush_asks = None,
+                    }
+                }
                 request = reader.next(), if reading && self.pending.len() < MAX_PIPELINE => {
                     match request {
                         None => reading = false,
@@ -250,9 +285,30 @@ impl Session {
         }
     }
 
+    /// Passes a flush ask on to this session's shim.
+    async fn ask_flush(&mut self, done: oneshot::Sender<()>) -> Result<(), Refusal> {
+        let token = self.next_flush_token;
+        self.next_flush_token += 1;
+        self.flush_waiting.insert(token, done);
+        if self.flush_waiting.len() > MAX_FLUSH_WAITING {
+            self.flush_waiting.pop_first();
+        }
+        self.send_all(vec![Response::FlushOutput { token }]).await
+    }
+
+    /// The shim has flushed through the ask `token`: its saver goes on.
+    /// The appends it made before are stored, because this request, like
+    /// every one but appends and acks, waited for the pipeline to drain.
+    fn output_flushed(&mut self, token: u64) {
+        if let Some(done) = self.flush_waiting.remove(&token) {
+            let _ = done.send(());
+        }
+    }
+
     async fn accept_hello(&mut self, hello: &Hello) -> Result<(), Refusal> {
         let granted = hello.capabilities.intersect(Capabilities::ALL);
         self.durable = granted.contains(Capabilities::DURABLE);
+        self.takes_flush = granted.contains(Capabilities::OUTPUT_FLUSH);
         tracing::debug!(client = %hello.client, durable = self.durable, "session opened");
         let ok = Response::HelloOk(HelloOk {
             version: PROTOCOL_VERSION,

@@ -99,7 +99,11 @@ impl Writer {
                 manifest,
                 events,
                 resume,
-            } => self.apply_record(txn, &execution, &manifest, &events, resume, ts, staged),
+                from_checkpoint,
+            } => {
+                let resume = resume.then_some(from_checkpoint);
+                self.apply_record(txn, &execution, &manifest, &events, resume, ts, staged)
+            }
             Request::SaveCheckpoint { save, user_meta } => {
                 self.apply_checkpoint(txn, &save, &user_meta, ts, staged)
             }
@@ -248,8 +252,10 @@ impl Writer {
     }
 
     /// Stores a manifest and appends its lifecycle events (and, for a new
-    /// attempt, the one saying what it resumes from). The daemon is their
-    /// only producer and writes them once, so they carry no dedupe state.
+    /// attempt, `resume` set, the one saying what it resumes from; with a
+    /// checkpoint named, that one is first copied as the newest). The
+    /// daemon is their only producer and writes them once, so they carry
+    /// no dedupe state.
     #[allow(clippy::too_many_arguments)]
     fn apply_record(
         &mut self,
@@ -257,12 +263,18 @@ impl Writer {
         execution: &str,
         manifest: &[u8],
         events: &[Bytes],
-        resume: bool,
+        resume: Option<Option<u64>>,
         ts: u64,
         staged: &mut Staged,
     ) -> Result<Result<Outcome>> {
         if let Err(e) = validate_name("stream", execution) {
             return Ok(Err(e.into()));
+        }
+        // Checked before anything is written: a refusal leaves no trace.
+        if let Some(Some(named)) = resume {
+            if let Err(e) = self.promote_checkpoint(txn, execution, named, staged)? {
+                return Ok(Err(e));
+            }
         }
         txn.put_execution(execution, manifest)?;
         for payload in events {
@@ -274,7 +286,7 @@ impl Writer {
             };
             put_new_frame(txn, stream, frame, staged.frames_of(execution))?;
         }
-        let resume = match resume {
+        let resume = match resume.is_some() {
             true => {
                 let resume = self.resume_point(txn, execution)?;
                 if let Some(event) = resume.event() {
@@ -295,6 +307,55 @@ impl Writer {
             last_seq: self.last_seq(execution),
             resume,
         })))
+    }
+
+    /// Copies checkpoint `named` of `execution` as its newest, record and
+    /// all (its seq, time, data and metadata), so that a resumed worker
+    /// loads it. Refused when it is not stored or fails its checksum.
+    fn promote_checkpoint(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        execution: &str,
+        named: u64,
+        staged: &mut Staged,
+    ) -> Result<Result<()>> {
+        let mut found: Option<Vec<u8>> = None;
+        txn.visit_checkpoints(execution, |id, record| {
+            if id == named {
+                found = Some(record.to_vec());
+            }
+            id > named
+        })?;
+        let Some(record) = found else {
+            return Ok(Err(Error::CheckpointNotFound(format!(
+                "execution {execution} has no checkpoint {named} (see 'tether checkpoint list')"
+            ))));
+        };
+        let inspected = checkpoint::inspect(named, &record);
+        if !inspected.meta.valid {
+            return Ok(Err(Error::InvalidRequest(format!(
+                "checkpoint {named} of execution {execution} fails its checksum; choose \
+                 another (see 'tether checkpoint list')"
+            ))));
+        }
+        let newest = txn.newest_checkpoint_id(execution)?.unwrap_or(named);
+        if newest == named {
+            return Ok(Ok(()));
+        }
+        let id = newest + 1;
+        txn.put_checkpoint(execution, id, &record)?;
+        let keep = self.opts.checkpoint_keep.max(1) as u64;
+        if id > keep {
+            txn.delete_checkpoints_before(execution, id + 1 - keep)?;
+        }
+        let meta = CheckpointMeta {
+            id,
+            ..inspected.meta
+        };
+        staged
+            .checkpoints
+            .push((execution.to_owned(), checkpoint::reference(&meta)));
+        Ok(Ok(()))
     }
 
     /// What a new attempt of `execution` resumes from, read in `txn`: the

@@ -39,6 +39,9 @@ pub(super) enum Request {
         events: Vec<Bytes>,
         /// Also look up and announce what a new attempt resumes from.
         resume: bool,
+        /// `tether resume --checkpoint`: the attempt resumes from this
+        /// checkpoint, copied as the newest, rather than the newest valid one.
+        from_checkpoint: Option<u64>,
     },
     SaveCheckpoint {
         save: CheckpointSave,

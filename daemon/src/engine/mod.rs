@@ -260,6 +260,7 @@ impl Queue {
             manifest,
             events,
             resume: false,
+            from_checkpoint: None,
         };
         let recorded = self.call(request, Reply::Record).await?;
         Ok(recorded.last_seq)
@@ -270,17 +271,25 @@ impl Queue {
     /// valid checkpoint and appends the event saying what the attempt
     /// resumes from (see [`Resume::event`]). Resolves after the commit with
     /// the stream's last seq and what the attempt resumes from.
+    ///
+    /// With `from_checkpoint` (`tether resume --checkpoint`), that
+    /// checkpoint is copied as the newest, keeping its seq and data, so
+    /// that the worker loads it as it loads any newest checkpoint; a
+    /// missing or invalid one is [`Error::ExecutionNotFound`] or
+    /// [`Error::InvalidRequest`], and nothing is recorded.
     pub async fn record_attempt_start(
         &self,
         execution: &str,
         manifest: Vec<u8>,
         events: Vec<Bytes>,
+        from_checkpoint: Option<u64>,
     ) -> Result<(u64, Resume)> {
         let request = Request::Record {
             execution: execution.to_owned(),
             manifest,
             events,
             resume: true,
+            from_checkpoint,
         };
         let recorded = self.call(request, Reply::Record).await?;
         Ok((recorded.last_seq, recorded.resume.unwrap_or(Resume::Fresh)))

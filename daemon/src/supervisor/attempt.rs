@@ -161,7 +161,11 @@ impl Inner {
 
     /// Starts the shim of the attempt just committed as `starting`, and
     /// records its identity.
-    async fn launch(self: &Arc<Self>, slot: &Arc<Slot>, exec: &mut Execution) -> Result<()> {
+    pub(super) async fn launch(
+        self: &Arc<Self>,
+        slot: &Arc<Slot>,
+        exec: &mut Execution,
+    ) -> Result<()> {
         let m = &exec.manifest;
         let spec = ShimSpecFull {
             spec: ShimSpec {
@@ -322,6 +326,27 @@ impl Inner {
             change.go(ExecState::Cancelled, "cancelled")?;
             change.next.reason = Some("stopped on request".into());
             return self.commit(slot, exec, change).await;
+        }
+        if exec.restarting {
+            // `tether restart`: the end and the next start commit together,
+            // and the policy does not count this attempt's end.
+            match ending {
+                Ending::Lost => change.go(ExecState::Lost, format!("lost: {lost_reason}"))?,
+                Ending::Exited(_) => change.note(exit_event(ending, &lost_reason)),
+            }
+            change.note(format!(
+                "restarting at once on request (attempt {})",
+                change.next.attempt.saturating_add(1)
+            ));
+            let restarts = change.next.restarts;
+            change.begin_attempt()?;
+            change.next.restarts = restarts;
+            self.commit(slot, exec, change).await?;
+            exec.restarting = false;
+            exec.timer = None;
+            exec.shim = None;
+            exec.worker = None;
+            return self.launch(slot, exec).await;
         }
         let limits = Limits::of(&m.spec, m.submitted_micros);
         let mut decision = policy::decide(&limits, m.restarts, now, ending, policy::jitter());
@@ -509,7 +534,7 @@ impl Inner {
             change.go(ExecState::Running, format!("started pid {worker_pid}"))?;
             change.next.worker = Some(worker);
             self.commit(&slot, &mut exec, change).await?;
-            if exec.manifest.stop.is_some() {
+            if exec.manifest.stop.is_some() || exec.restarting {
                 // Stopped while starting: the worker exists only now.
                 terminate_worker(&exec, exec.manifest.stop_signal());
             }

@@ -29,6 +29,7 @@ pub mod manifest;
 pub mod policy;
 pub mod procfs;
 mod recovery;
+mod resume;
 pub mod spawn;
 pub mod state;
 mod stop;
@@ -37,6 +38,7 @@ pub use recovery::{classify, Liveness};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -56,6 +58,9 @@ use spawn::Launcher;
 
 /// Longest worker output line kept as one frame; longer lines are split.
 const MAX_LINE: u32 = 64 * 1024;
+/// How long a checkpoint save waits for the shim to flush output through
+/// before it takes its seq anyway.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// After SIGKILL, how long the worker's exit may take to be reported
 /// before the shim itself is killed.
 const KILL_GRACE: Duration = Duration::from_secs(5);
@@ -142,7 +147,17 @@ struct Slot {
     name: Option<String>,
     /// When it was submitted, to tell the newest of ended ones apart.
     created_micros: u64,
+    /// A resume has checked that no other live execution has the name
+    /// and has not committed yet: the name counts as taken.
+    reviving: AtomicBool,
+    /// The session of the current attempt's shim, when it takes flush
+    /// asks (see [`Supervisor::flush_output`]).
+    flusher: Mutex<Option<Flusher>>,
 }
+
+/// Asks a shim's session to have the shim flush its output through: the
+/// sender is answered once the shim has.
+pub type Flusher = tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
 
 impl Slot {
     /// The fields names are resolved by. Reserved, not yet committed
@@ -151,11 +166,12 @@ impl Slot {
         tether_protocol::Named {
             id,
             name: self.name.as_deref(),
-            ended: self
-                .committed
-                .borrow()
-                .as_ref()
-                .is_some_and(|m| state::is_final(m.state)),
+            ended: !self.reviving.load(Ordering::Acquire)
+                && self
+                    .committed
+                    .borrow()
+                    .as_ref()
+                    .is_some_and(|m| state::is_final(m.state)),
             created_micros: self.created_micros,
         }
     }
@@ -174,6 +190,10 @@ struct Execution {
     /// Whether the current attempt resumes from a checkpoint, as decided
     /// in the commit that started it (handed to its shim).
     resumed: bool,
+    /// `tether restart` is stopping the current attempt: its end starts
+    /// the next at once and is not counted as a failure. Kept in memory
+    /// only: after a daemon restart the attempt's end meets the policy.
+    restarting: bool,
 }
 
 /// A manifest change under construction: the next manifest and the
@@ -185,6 +205,8 @@ struct Change {
     /// The change starts an attempt after the first: its commit also looks
     /// up the checkpoint the attempt resumes from.
     resume: bool,
+    /// `tether resume --checkpoint`: the checkpoint to resume from.
+    from_checkpoint: Option<u64>,
 }
 
 impl Change {
@@ -193,6 +215,7 @@ impl Change {
             next: manifest.clone(),
             events: Vec::new(),
             resume: false,
+            from_checkpoint: None,
         }
     }
 
@@ -418,6 +441,95 @@ impl Supervisor {
         self.get(id)
     }
 
+    /// Starts a new attempt of an ended execution from its newest valid
+    /// checkpoint (or `checkpoint`). Resolves once the attempt's start is
+    /// committed; see `resume.rs`.
+    pub async fn resume(&self, id: &str, checkpoint: Option<u64>) -> Result<String> {
+        let inner = self.inner.clone();
+        let owned = id.to_owned();
+        self.inner
+            .detach(async move { inner.resume_ended(&owned, checkpoint).await })
+            .await?;
+        Ok(id.to_owned())
+    }
+
+    /// Stops the current attempt (SIGTERM, SIGKILL after `timeout`) and
+    /// starts the next at once. Resolves once the next attempt's start is
+    /// committed; see `resume.rs`.
+    pub async fn restart(&self, id: &str, timeout: Duration) -> Result<String> {
+        let inner = self.inner.clone();
+        let owned = id.to_owned();
+        let (mut committed, attempt) = self
+            .inner
+            .detach(async move { inner.request_restart(&owned, timeout).await })
+            .await?;
+        let shutdown = self.inner.shutdown.clone();
+        tokio::select! {
+            _ = shutdown.cancelled() => return Err(Error::ShuttingDown),
+            waited = committed.wait_for(|m| {
+                m.as_ref().is_some_and(|m| m.attempt > attempt || state::is_final(m.state))
+            }) => {
+                if waited.is_err() {
+                    return Err(Error::ShuttingDown);
+                }
+            }
+        }
+        let info = self.get(id)?;
+        if state::is_final(info.state) && info.attempt == attempt {
+            return Err(Error::InvalidRequest(format!(
+                "execution {id} ended ({}) instead of restarting",
+                info.state.as_str()
+            )));
+        }
+        Ok(id.to_owned())
+    }
+
+    /// Takes `flusher` as the way to the shim of `attempt` of `id`, which
+    /// its session has just accepted.
+    pub fn attach_flusher(&self, id: &str, flusher: Flusher) {
+        if let Ok(slot) = self.inner.slot(id) {
+            *slot.flusher.lock().unwrap_or_else(PoisonError::into_inner) = Some(flusher);
+        }
+    }
+
+    /// Has the shim of the execution `id`, when one is attached, append
+    /// and have acknowledged every line its worker wrote so far: a
+    /// checkpoint saved after this gets a seq above them. Returns at once
+    /// without a live shim, and after [`FLUSH_TIMEOUT`] at most (logged):
+    /// a slow shim delays a save, never stops it.
+    pub async fn flush_output(&self, id: &str) {
+        let Ok(slot) = self.inner.slot(id) else {
+            return;
+        };
+        let live = slot
+            .committed
+            .borrow()
+            .as_ref()
+            .is_some_and(|m| state::has_shim(m.state));
+        if !live {
+            return;
+        }
+        let flusher = slot
+            .flusher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(flusher) = flusher else {
+            return;
+        };
+        let (done, flushed) = tokio::sync::oneshot::channel();
+        if flusher.try_send(done).is_err() {
+            // Its session has ended, or has asks enough in flight.
+            return;
+        }
+        if tokio::time::timeout(FLUSH_TIMEOUT, flushed).await.is_err() {
+            tracing::warn!(
+                execution = %id,
+                "the shim did not flush output within {FLUSH_TIMEOUT:?}; saving the checkpoint anyway"
+            );
+        }
+    }
+
     /// A shim says hello for `hello.attempt` of `hello.execution`. Refused
     /// with [`Error::ExecutionNotFound`] for an unknown execution and
     /// [`Error::InvalidRequest`] when that attempt has ended (the shim then
@@ -511,7 +623,7 @@ impl Inner {
         if change.resume {
             let (_, resume) = self
                 .queue
-                .record_attempt_start(&change.next.id, bytes, events)
+                .record_attempt_start(&change.next.id, bytes, events, change.from_checkpoint)
                 .await?;
             exec.resumed = resume.resumed();
         } else {
@@ -523,6 +635,7 @@ impl Inner {
         if state::is_final(exec.manifest.state) {
             exec.timer = None;
             exec.worker = None;
+            exec.restarting = false;
         }
         slot.committed.send_replace(Some(exec.manifest.clone()));
         Ok(())
@@ -610,12 +723,15 @@ fn new_slot(
     Arc::new(Slot {
         name,
         created_micros,
+        reviving: AtomicBool::new(false),
+        flusher: Mutex::new(None),
         exec: Arc::new(tokio::sync::Mutex::new(Execution {
             manifest,
             shim,
             worker,
             timer: None,
             resumed: false,
+            restarting: false,
         })),
         committed,
     })
@@ -705,14 +821,12 @@ mod tests {
     fn an_illegal_transition_is_refused_and_changes_nothing() {
         let m = manifest(ExecState::Completed);
         let mut change = Change::of(&m);
-        let e = change
-            .go(ExecState::Starting, "starting again")
-            .unwrap_err();
+        let e = change.go(ExecState::Running, "running again").unwrap_err();
         assert!(matches!(
             e,
             Error::IllegalTransition {
                 from: "completed",
-                to: "starting",
+                to: "running",
                 ..
             }
         ));

@@ -4,16 +4,18 @@
 //! |---|---|
 //! | pending | starting, failed, cancelled |
 //! | starting | running, failed, lost, cancelled |
-//! | running | completed, failed, cancelled, lost, backoff |
+//! | running | completed, failed, cancelled, lost, backoff, starting |
 //! | failed | backoff, starting |
 //! | lost | backoff, starting, failed |
 //! | backoff | starting, failed, cancelled |
-//! | completed, cancelled | (final) |
+//! | completed, cancelled | starting |
 //!
 //! `failed` and `lost` are final when no restart follows. The supervisor
 //! commits a transition and the decision that follows it (restart or not)
 //! in one transaction, so a *stored* `failed` or `lost` is always final; see
-//! [`is_final`].
+//! [`is_final`]. Only `tether resume` leaves a final state (to
+//! `starting`), and only `tether restart` goes from `running` straight to
+//! `starting`.
 
 use tether_protocol::ExecState;
 
@@ -24,10 +26,14 @@ pub fn allowed(from: ExecState, to: ExecState) -> bool {
         (from, to),
         (Pending, Starting | Failed | Cancelled)
             | (Starting, Running | Failed | Lost | Cancelled)
-            | (Running, Completed | Failed | Cancelled | Lost | Backoff)
+            | (
+                Running,
+                Completed | Failed | Cancelled | Lost | Backoff | Starting
+            )
             | (Failed, Backoff | Starting)
             | (Lost, Backoff | Starting | Failed)
             | (Backoff, Starting | Failed | Cancelled)
+            | (Completed | Cancelled, Starting)
     )
 }
 
@@ -55,7 +61,7 @@ mod tests {
         Pending, Starting, Running, Backoff, Completed, Failed, Cancelled, Lost,
     ];
 
-    const LEGAL: [(ExecState, ExecState); 20] = [
+    const LEGAL: [(ExecState, ExecState); 23] = [
         (Pending, Starting),
         (Pending, Failed),
         (Pending, Cancelled),
@@ -68,6 +74,7 @@ mod tests {
         (Running, Cancelled),
         (Running, Lost),
         (Running, Backoff),
+        (Running, Starting),
         (Failed, Backoff),
         (Failed, Starting),
         (Lost, Backoff),
@@ -76,6 +83,8 @@ mod tests {
         (Backoff, Starting),
         (Backoff, Failed),
         (Backoff, Cancelled),
+        (Completed, Starting),
+        (Cancelled, Starting),
     ];
 
     #[test]
@@ -101,13 +110,14 @@ mod tests {
     #[test]
     fn sample_of_illegal_transitions_is_refused() {
         for (from, to) in [
-            (Completed, Starting),
-            (Cancelled, Starting),
             (Completed, Running),
+            (Completed, Backoff),
+            (Cancelled, Running),
+            (Cancelled, Completed),
+            (Lost, Completed),
             (Pending, Running),
             (Pending, Completed),
             (Backoff, Running),
-            (Running, Starting),
             (Running, Pending),
             (Failed, Completed),
             (Lost, Running),
@@ -119,10 +129,18 @@ mod tests {
     }
 
     #[test]
-    fn final_states_have_no_way_out_but_a_restart() {
+    fn final_states_have_no_way_out_but_a_new_attempt() {
         for to in ALL {
-            assert!(!allowed(Completed, to));
-            assert!(!allowed(Cancelled, to));
+            assert_eq!(
+                allowed(Completed, to),
+                to == Starting,
+                "completed -> {to:?}"
+            );
+            assert_eq!(
+                allowed(Cancelled, to),
+                to == Starting,
+                "cancelled -> {to:?}"
+            );
         }
         assert!(is_final(Failed) && is_final(Lost));
         assert!(!is_final(Backoff) && !is_final(Pending));

@@ -16,6 +16,7 @@ use tether_protocol::ExecState;
 use tokio::sync::watch;
 
 use super::manifest::{Manifest, StopRequest};
+use super::policy::Ending;
 use super::{
     now_micros, policy, state, sweep_session, terminate_worker, Change, Execution, Inner,
     KILL_GRACE,
@@ -105,6 +106,13 @@ impl Inner {
                     async move { inner.stop_kill_shim(&id, attempt).await }
                 }));
                 Ok(())
+            }
+            None if exec.restarting => {
+                // No shim to wait for: the attempt is over, and the next
+                // one starts.
+                let reason = "no shim to report the worker's exit".to_owned();
+                self.end_attempt(&slot, &mut exec, Ending::Lost, reason)
+                    .await
             }
             None => {
                 // No shim to wait for: nothing can report an exit.

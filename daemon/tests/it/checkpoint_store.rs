@@ -310,6 +310,7 @@ async fn an_attempt_start_says_what_it_resumes_from_in_the_same_commit() {
                     JOB,
                     b"manifest".to_vec(),
                     vec![Bytes::from(format!("starting attempt {n}"))],
+                    None,
                 )
                 .await
                 .unwrap()

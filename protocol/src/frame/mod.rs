@@ -42,8 +42,12 @@ impl Capabilities {
     /// without needing it: granted, it sends its own times; not granted (an
     /// older daemon), plain appends.
     pub const APPEND_STAMPED: Self = Self(1 << 1);
+    /// The client takes [`Response::FlushOutput`] on a shim session and
+    /// answers it with [`Request::OutputFlushed`]. Asked for by every
+    /// client; only a shim's session is ever sent one.
+    pub const OUTPUT_FLUSH: Self = Self(1 << 2);
     /// Every capability this build understands.
-    pub const ALL: Self = Self(Self::DURABLE.0 | Self::APPEND_STAMPED.0);
+    pub const ALL: Self = Self(Self::DURABLE.0 | Self::APPEND_STAMPED.0 | Self::OUTPUT_FLUSH.0);
 
     /// True when every bit of `other` is set in `self`.
     pub fn contains(self, other: Self) -> bool {
@@ -153,12 +157,12 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 29;
+    const KINDS: u32 = 32;
 }
 
 impl Message for Response {
     const NAME: &'static str = "response";
-    const KINDS: u32 = 37;
+    const KINDS: u32 = 38;
 }
 
 /// Checks a stream, producer or consumer name: 1 to [`MAX_NAME_LEN`] bytes,

@@ -130,6 +130,23 @@ pub enum Request {
     /// payloads). Answered with [`Response::Metrics`], after
     /// [`Response::MetricsPart`]s when the text does not fit in one message.
     Metrics,
+    /// Start a new attempt of an ended execution (same id and stream)
+    /// from its newest valid checkpoint, or from checkpoint `checkpoint`
+    /// when one is named. Answered with [`Response::Started`] once the
+    /// attempt's start is durable; `Error` INVALID_REQUEST while it is
+    /// live, NOT_FOUND for an unknown execution or checkpoint.
+    Resume {
+        execution: String,
+        checkpoint: Option<u64>,
+    },
+    /// Stop the running attempt (stop signal, KILL after `timeout_ms`) and
+    /// start the next at once, not counted as a failure. Answered with
+    /// [`Response::Started`] once the next attempt's start is durable.
+    Restart { execution: String, timeout_ms: u64 },
+    /// From a shim, in answer to [`Response::FlushOutput`] `token`: every
+    /// line the worker wrote before the shim read that ask has been
+    /// appended and acknowledged on this session. Not answered.
+    OutputFlushed { token: u64 },
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
@@ -171,6 +188,9 @@ impl Request {
             Request::ListExecutionsFull { .. } => 26,
             Request::AppendStamped(_) => Self::APPEND_STAMPED_KIND,
             Request::Metrics => 28,
+            Request::Resume { .. } => 29,
+            Request::Restart { .. } => 30,
+            Request::OutputFlushed { .. } => 31,
         }
     }
 
@@ -208,6 +228,9 @@ impl Request {
             "ListExecutionsFull",
             "AppendStamped",
             "Metrics",
+            "Resume",
+            "Restart",
+            "OutputFlushed",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -244,6 +267,9 @@ impl Request {
             Request::ListExecutionsFull { .. } => "ListExecutionsFull",
             Request::AppendStamped(_) => "AppendStamped",
             Request::Metrics => "Metrics",
+            Request::Resume { .. } => "Resume",
+            Request::Restart { .. } => "Restart",
+            Request::OutputFlushed { .. } => "OutputFlushed",
         }
     }
 }

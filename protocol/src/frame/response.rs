@@ -106,6 +106,11 @@ pub enum Response {
     /// follows, for a text too large for one message; pieces end at line
     /// ends, and the client joins them in order.
     MetricsPart(String),
+    /// To a shim that was granted [`Capabilities::OUTPUT_FLUSH`], unasked:
+    /// a checkpoint of its execution is being saved. The shim reads what
+    /// the worker has written so far, appends it, and once it is all
+    /// acknowledged sends [`Request::OutputFlushed`] with `token`.
+    FlushOutput { token: u64 },
 }
 
 impl Response {
@@ -154,6 +159,7 @@ impl Response {
             Response::ExecutionsFullPart(_) => "ExecutionsFullPart",
             Response::Metrics(_) => "Metrics",
             Response::MetricsPart(_) => "MetricsPart",
+            Response::FlushOutput { .. } => "FlushOutput",
         }
     }
 }

@@ -9,6 +9,7 @@
 mod attach_wait;
 mod bad_input;
 mod checkpoint_agent;
+mod checkpoint_boundary;
 mod checkpoint_cli;
 mod checkpoint_corruption;
 mod checkpoint_durability;
@@ -58,6 +59,7 @@ mod supervise_output;
 mod supervise_policy;
 mod supervise_ps;
 mod supervise_reattach;
+mod supervise_resume;
 mod supervise_stop;
 mod systemd_activation;
 mod systemd_config;
