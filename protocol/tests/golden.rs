@@ -599,6 +599,7 @@ fn all_request_fixtures() -> Vec<(Request, &'static str)> {
     let mut all = request_fixtures();
     all.extend(run_full_request_fixtures());
     all.extend(metrics_request_fixtures());
+    all.extend(removal_request_fixtures());
     all
 }
 
@@ -607,6 +608,7 @@ fn all_response_fixtures() -> Vec<(Response, &'static str)> {
     let mut all = response_fixtures();
     all.extend(run_full_response_fixtures());
     all.extend(metrics_response_fixtures());
+    all.extend(removal_response_fixtures());
     all
 }
 
@@ -644,10 +646,13 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::ListExecutionsFull { .. } => "ListExecutionsFull",
         Request::AppendStamped(_) => "AppendStamped",
         Request::Metrics => "Metrics",
+        Request::Remove { .. } => "Remove",
+        Request::Prune { .. } => "Prune",
+        Request::RemoveStreams { .. } => "RemoveStreams",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 29] = [
+const ALL_REQUEST_VARIANTS: [&str; 32] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -677,6 +682,9 @@ const ALL_REQUEST_VARIANTS: [&str; 29] = [
     "ListExecutionsFull",
     "AppendStamped",
     "Metrics",
+    "Remove",
+    "Prune",
+    "RemoveStreams",
 ];
 
 /// See [`request_variant`].
@@ -719,10 +727,11 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::ExecutionsFullPart(_) => "ExecutionsFullPart",
         Response::Metrics(_) => "Metrics",
         Response::MetricsPart(_) => "MetricsPart",
+        Response::Removed(_) => "Removed",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 37] = [
+const ALL_RESPONSE_VARIANTS: [&str; 38] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -760,6 +769,7 @@ const ALL_RESPONSE_VARIANTS: [&str; 37] = [
     "ExecutionsFullPart",
     "Metrics",
     "MetricsPart",
+    "Removed",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {
@@ -990,6 +1000,59 @@ fn metrics_requests_encode_to_their_golden_bytes() {
 fn metrics_responses_encode_to_their_golden_bytes() {
     check_fixtures(
         metrics_response_fixtures(),
+        ServerCodec::new(),
+        ClientCodec::new(),
+    );
+}
+
+// Removal (`tether rm`, `prune`, `streams rm`): fixtures of their own,
+// joined to the others for the coverage and variant index checks.
+
+fn removal_request_fixtures() -> Vec<(Request, &'static str)> {
+    vec![
+        (
+            Request::Remove {
+                executions: vec!["e1".into()],
+                force: true,
+            },
+            "00000006 1d 01 026531 01",
+        ),
+        (
+            Request::Prune {
+                older_than_ms: Some(300),
+            },
+            "00000004 1e 01 ac02",
+        ),
+        (Request::Prune { older_than_ms: None }, "00000002 1e 00"),
+        (
+            Request::RemoveStreams {
+                names: vec!["s".into()],
+            },
+            "00000004 1f 01 0173",
+        ),
+    ]
+}
+
+fn removal_response_fixtures() -> Vec<(Response, &'static str)> {
+    vec![(
+        Response::Removed(vec!["e1".into(), "s".into()]),
+        "00000007 25 02 026531 0173",
+    )]
+}
+
+#[test]
+fn removal_requests_encode_to_their_golden_bytes() {
+    check_fixtures(
+        removal_request_fixtures(),
+        ClientCodec::new(),
+        ServerCodec::new(),
+    );
+}
+
+#[test]
+fn removal_responses_encode_to_their_golden_bytes() {
+    check_fixtures(
+        removal_response_fixtures(),
         ServerCodec::new(),
         ClientCodec::new(),
     );

@@ -130,6 +130,24 @@ pub enum Request {
     /// payloads). Answered with [`Response::Metrics`], after
     /// [`Response::MetricsPart`]s when the text does not fit in one message.
     Metrics,
+    // Removal (`tether rm`, `prune`, `streams rm`).
+    /// Remove ended executions by id, each with its stream, checkpoints,
+    /// steps and manifest, in one durable commit. A live one is refused
+    /// (`invalid_request`, nothing removed) unless `force`, which stops
+    /// it first. Answered with [`Response::Removed`]: the ids.
+    Remove {
+        executions: Vec<String>,
+        force: bool,
+    },
+    /// Remove every ended execution that ended at least `older_than_ms`
+    /// ago (`None`: the daemon's `keep_ended`; refused when that is off).
+    /// Answered with [`Response::Removed`]: the ids, in id order.
+    Prune { older_than_ms: Option<u64> },
+    /// Remove streams; each leaves a tombstone of its last seq, which a
+    /// stream of that name created again continues above. The stream of
+    /// a live execution is refused (`invalid_request`, nothing removed).
+    /// Answered with [`Response::Removed`]: the names.
+    RemoveStreams { names: Vec<String> },
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
@@ -171,6 +189,9 @@ impl Request {
             Request::ListExecutionsFull { .. } => 26,
             Request::AppendStamped(_) => Self::APPEND_STAMPED_KIND,
             Request::Metrics => 28,
+            Request::Remove { .. } => 29,
+            Request::Prune { .. } => 30,
+            Request::RemoveStreams { .. } => 31,
         }
     }
 
@@ -208,6 +229,9 @@ impl Request {
             "ListExecutionsFull",
             "AppendStamped",
             "Metrics",
+            "Remove",
+            "Prune",
+            "RemoveStreams",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -244,6 +268,9 @@ impl Request {
             Request::ListExecutionsFull { .. } => "ListExecutionsFull",
             Request::AppendStamped(_) => "AppendStamped",
             Request::Metrics => "Metrics",
+            Request::Remove { .. } => "Remove",
+            Request::Prune { .. } => "Prune",
+            Request::RemoveStreams { .. } => "RemoveStreams",
         }
     }
 }

@@ -106,6 +106,9 @@ pub enum Response {
     /// follows, for a text too large for one message; pieces end at line
     /// ends, and the client joins them in order.
     MetricsPart(String),
+    /// Answer to [`Request::Remove`], [`Request::Prune`] and
+    /// [`Request::RemoveStreams`]: the ids or names removed.
+    Removed(Vec<String>),
 }
 
 impl Response {
@@ -154,6 +157,7 @@ impl Response {
             Response::ExecutionsFullPart(_) => "ExecutionsFullPart",
             Response::Metrics(_) => "Metrics",
             Response::MetricsPart(_) => "MetricsPart",
+            Response::Removed(_) => "Removed",
         }
     }
 }
