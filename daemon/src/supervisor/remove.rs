@@ -9,9 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
+use tokio_util::sync::CancellationToken;
 
 use super::{now_micros, state, Execution, Inner, Manifest, Slot, Supervisor};
 use crate::{Error, Result};
+
+/// How often the `keep_ended` sweep looks at most; a shorter `keep_ended`
+/// is looked at that often (but not more than once a second).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// How long `rm --force` gives a live worker to stop before it is killed.
 const FORCE_STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,6 +77,22 @@ impl Supervisor {
             tracing::info!(stream = %name, last_seq, "removed stream");
         }
         Ok(removed.streams)
+    }
+
+    /// Removes ended executions once they ended `keep` ago, at start and
+    /// then every [`SWEEP_EVERY`] (or `keep`, if shorter), until
+    /// `shutdown`. A failed sweep is logged and tried again next time.
+    pub async fn sweep_ended(self, keep: Duration, shutdown: CancellationToken) {
+        let every = keep.clamp(Duration::from_secs(1), SWEEP_EVERY);
+        loop {
+            if let Err(e) = self.prune(keep).await {
+                tracing::warn!("removing executions ended over {keep:?} ago: {e}");
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
     }
 
     /// Removes every ended execution that ended at least `older_than`
