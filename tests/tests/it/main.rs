@@ -35,6 +35,7 @@ mod names;
 mod log_format;
 mod metrics;
 mod publish_tail;
+mod remove;
 mod remote_access;
 mod remote_ssh;
 mod replay_cutover;
