@@ -161,4 +161,8 @@ export class Client {
   ps(options?: { all?: boolean }): Promise<Array<Record<string, any>>>;
   /** Stops execution `id`: TERM, then KILL after `timeout` seconds. */
   stop(id: string, options?: { timeout?: number }): Promise<Record<string, any>>;
+  /** Removes ended executions `ids` with their streams; `force` stops live ones first. */
+  rm(ids: string[], options?: { force?: boolean }): Promise<string[]>;
+  /** Removes ended executions that ended at least `olderThan` seconds ago. */
+  prune(options?: { olderThan?: number }): Promise<string[]>;
 }

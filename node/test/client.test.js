@@ -1,5 +1,5 @@
 // Client: publish, tail (exactly once across daemon kill -9), status,
-// streams, run, ps and stop against a real daemon.
+// streams, run, ps, stop, rm and prune against a real daemon.
 'use strict';
 
 const assert = require('node:assert/strict');
@@ -199,4 +199,20 @@ test('run, ps and stop a worker', async (t) => {
   const all = await c.ps({ all: true });
   assert.deepEqual(all.map((e) => [e.id, e.state]), [[id, stopped.state]]);
   assert.notEqual(stopped.state, 'running');
+});
+
+test('rm and prune remove ended executions', async (t) => {
+  const d = await Daemon.start(t);
+  const c = d.client();
+  const first = await c.run(['true'], { restart: 'never', cwd: d.root });
+  const second = await c.run(['true'], { restart: 'never', cwd: d.root });
+  await waitFor(async () => {
+    const all = await c.ps({ all: true });
+    return all.length === 2 && (await c.ps()).length === 0;
+  }, 'both executions to end');
+  assert.deepEqual(await c.rm([first]), [first]);
+  await assert.rejects(c.rm([first]), tether.NotFound);
+  assert.deepEqual(await c.prune({ olderThan: 3600 }), []);
+  assert.deepEqual(await c.prune({ olderThan: 0 }), [second]);
+  assert.deepEqual(await c.ps({ all: true }), []);
 });

@@ -164,6 +164,8 @@ fn a_stream_made_again_continues_above_its_tombstone_across_kill_9_and_repair() 
 
     assert_output(&sup.sb().run(&["streams", "rm", "s"]), 0, "s\n");
     sup.daemon().terminate();
+    let checked = damage::check(sup.sb());
+    assert_eq!(checked.code, Some(0), "{}", checked.stderr);
     let repaired = damage::repair(sup.sb());
     assert_eq!(repaired.code, Some(0), "{}", repaired.stderr);
     sup.daemon().restart();
