@@ -1023,7 +1023,12 @@ fn removal_request_fixtures() -> Vec<(Request, &'static str)> {
             },
             "00000004 1e 01 ac02",
         ),
-        (Request::Prune { older_than_ms: None }, "00000002 1e 00"),
+        (
+            Request::Prune {
+                older_than_ms: None,
+            },
+            "00000002 1e 00",
+        ),
         (
             Request::RemoveStreams {
                 names: vec!["s".into()],

@@ -523,10 +523,7 @@ impl Config {
             self.max_checkpoint_bytes != new.max_checkpoint_bytes,
         );
         differs("log_format", self.log_format != new.log_format);
-        differs(
-            "executions.keep_ended",
-            self.keep_ended != new.keep_ended,
-        );
+        differs("executions.keep_ended", self.keep_ended != new.keep_ended);
         differs(
             "metrics.streams",
             self.metrics.streams != new.metrics.streams,

@@ -58,8 +58,8 @@ use crate::syncer::{DurableReads, Syncer};
 use crate::{Error, Result};
 
 use cache::State;
-use commands::{Command, Reply, Request};
 pub use commands::Removed;
+use commands::{Command, Reply, Request};
 use writer::{spawn_writer, Writer};
 
 pub(crate) use writer::AWAKE_FOR;

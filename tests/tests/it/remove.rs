@@ -144,7 +144,11 @@ fn streams_rm_removes_streams_but_not_a_live_executions() {
     sup.wait_running(&live, TIMEOUT);
     let refused = sb.run(&["streams", "rm", &live]);
     assert_output(&refused, 1, "");
-    assert!(refused.stderr.contains("has not ended"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("has not ended"),
+        "{}",
+        refused.stderr
+    );
     assert!(!seqs(sb, &live).is_empty(), "the refused stream is kept");
 }
 
