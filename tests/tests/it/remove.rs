@@ -74,7 +74,11 @@ fn rm_removes_an_ended_execution_with_everything_it_kept() {
     let live = sb.run(&["rm", &id]);
     assert_output(&live, 1, "");
     assert!(live.stderr.contains("has not ended"), "{}", live.stderr);
-    assert_eq!(listed(sb), [id.clone()], "a refused rm removes nothing");
+    assert_eq!(
+        listed(sb),
+        std::slice::from_ref(&id),
+        "a refused rm removes nothing"
+    );
 
     assert_output(&sb.run(&["rm", "--force", &id]), 0, &format!("{id}\n"));
     for args in [
@@ -98,7 +102,7 @@ fn prune_removes_executions_that_ended_longer_ago_than_asked() {
     let sb = sup.sb();
     let old = ended(&sup);
     assert_output(&sb.run(&["prune", "--older-than", "1h"]), 0, "");
-    assert_eq!(listed(sb), [old.clone()]);
+    assert_eq!(listed(sb), std::slice::from_ref(&old));
     let live = sup.run(&["--restart", "never", "--", "sleep", "600"]);
     sup.wait_running(&live, TIMEOUT);
     assert_output(
