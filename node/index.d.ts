@@ -172,4 +172,8 @@ export class Client {
   resume(id: string, options?: { checkpoint?: number }): Promise<string>;
   /** Stops the running attempt of `id` (TERM, KILL after `timeout` seconds) and starts the next; resolves to its id. */
   restart(id: string, options?: { timeout?: number }): Promise<string>;
+  /** Removes ended executions `ids` with their streams; `force` stops live ones first. */
+  rm(ids: string[], options?: { force?: boolean }): Promise<string[]>;
+  /** Removes ended executions that ended at least `olderThan` seconds ago. */
+  prune(options?: { olderThan?: number }): Promise<string[]>;
 }

@@ -500,6 +500,16 @@ class Client {
   async stop(id, { timeout } = {}) {
     return JSON.parse(await mapped(this.#native.stop(id, timeout ?? null)));
   }
+
+  /** Removes ended executions `ids` with their streams; `force` stops live ones first. */
+  async rm(ids, { force = false } = {}) {
+    return mapped(this.#native.rm(ids, Boolean(force)));
+  }
+
+  /** Removes ended executions that ended at least `olderThan` seconds ago. */
+  async prune({ olderThan } = {}) {
+    return mapped(this.#native.prune(olderThan ?? null));
+  }
 }
 
 module.exports = {

@@ -292,6 +292,9 @@ pub fn is_control(request: &Request) -> bool {
             | Request::Append(_)
             | Request::AppendStamped(_)
             | Request::DurableAck(_)
+            | Request::Remove { .. }
+            | Request::Prune { .. }
+            | Request::RemoveStreams { .. }
     )
 }
 
@@ -511,6 +514,22 @@ mod tests {
             steps: vec![],
             all: true,
         };
+        // Removing is the owner's and root's alone.
+        for remove in [
+            Request::Remove {
+                executions: vec![execution()],
+                force: false,
+            },
+            Request::Prune {
+                older_than_ms: None,
+            },
+            Request::RemoveStreams {
+                names: vec![execution()],
+            },
+        ] {
+            assert!(reader.permits_kind(remove.kind()).is_err());
+            assert!(reader.permits(&remove).is_err());
+        }
         let save = Request::CheckpointSaveFull(tether_protocol::CheckpointSaveFull {
             execution: execution(),
             schema_version: 1,

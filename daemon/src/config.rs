@@ -11,6 +11,9 @@ pub mod file;
 pub use file::{ConfigSource, FileConfig};
 
 /// The file name of the shim program looked for next to the daemon.
+/// How long ended executions are kept by default: thirty days.
+pub const DEFAULT_KEEP_ENDED: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
 pub const SHIM_NAME: &str = "tether-shim";
 
 /// Mode of a socket the daemon binds itself: only its own user may connect.
@@ -64,6 +67,9 @@ pub struct Config {
     pub shim: Option<PathBuf>,
     /// Checkpoints kept per execution, newest first (at least 1).
     pub checkpoint_keep: usize,
+    /// How long an ended execution is kept before it is removed with its
+    /// stream, counted from when it ended; `None` keeps them all.
+    pub keep_ended: Option<std::time::Duration>,
     /// Largest checkpoint accepted, in bytes.
     pub max_checkpoint_bytes: usize,
     /// Permission bits of a socket the daemon binds itself (an inherited
@@ -127,6 +133,7 @@ impl Config {
             retention: Retention::default(),
             shim: None,
             checkpoint_keep: 10,
+            keep_ended: Some(DEFAULT_KEEP_ENDED),
             max_checkpoint_bytes: 8 * 1024 * 1024,
             socket_mode: DEFAULT_SOCKET_MODE,
             socket_group: None,

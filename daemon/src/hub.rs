@@ -228,6 +228,12 @@ impl Hub {
         }
     }
 
+    /// Forgets a removed stream. Its followers' channels end, and they
+    /// fall back to the store, which no longer has it.
+    pub fn remove(&self, stream: &str) {
+        self.lock().streams.remove(stream);
+    }
+
     /// Starts following `stream`: every batch committed from now on is
     /// delivered to the returned registration, whose `last_seq` is the
     /// stream's last committed seq at this instant.

@@ -154,6 +154,7 @@ pub async fn run_with(
         env!("CARGO_PKG_VERSION")
     );
     let socket = config.socket.clone();
+    let keep_ended = config.keep_ended;
     let shared = Arc::new(connection::Shared {
         queue: queue.clone(),
         supervisor: supervisor.clone(),
@@ -175,6 +176,10 @@ pub async fn run_with(
             tracing::info!("serving metrics at http://{addr}/metrics");
         }
         let task = metrics::http::serve(listener, shared.clone(), shutdown.clone());
+        AbortOnDropHandle::new(tokio::spawn(task))
+    });
+    let _sweep = keep_ended.map(|keep| {
+        let task = supervisor.clone().sweep_ended(keep, shutdown.clone());
         AbortOnDropHandle::new(tokio::spawn(task))
     });
     let serving = server::serve(listener, shared, shutdown.clone());

@@ -197,6 +197,23 @@ impl NativeClient {
         };
         self.inner.restart(&id, timeout).await.map_err(to_napi)
     }
+
+    /// Removes ended executions by id with their streams, checkpoints and
+    /// steps (`force`: stops live ones first); resolves to the ids removed.
+    #[napi]
+    pub async fn rm(&self, ids: Vec<String>, force: bool) -> napi::Result<Vec<String>> {
+        self.inner.rm(ids, force).await.map_err(to_napi)
+    }
+
+    /// Removes ended executions that ended at least `older_than` seconds
+    /// ago (none: the daemon's `keep_ended`); resolves to the ids removed.
+    #[napi]
+    pub async fn prune(&self, older_than: Option<f64>) -> napi::Result<Vec<String>> {
+        let older_than = older_than
+            .map(|secs| seconds(secs, "olderThan"))
+            .transpose()?;
+        self.inner.prune(older_than).await.map_err(to_napi)
+    }
 }
 
 /// A reader of one stream; `Tail` in `index.js` hands its batches out one

@@ -1,5 +1,5 @@
 // Client: publish, tail (exactly once across daemon kill -9), status,
-// streams, run, ps and stop against a real daemon.
+// streams, run, ps, stop, rm and prune against a real daemon.
 'use strict';
 
 const assert = require('node:assert/strict');
@@ -236,4 +236,20 @@ test('restart and resume a worker', async (t) => {
   await assert.rejects(c.resume(id), tether.Refused);
   await assert.rejects(c.restart('no-such-execution'), tether.NotFound);
   await c.stop(id, { timeout: 5 });
+});
+
+test('rm and prune remove ended executions', async (t) => {
+  const d = await Daemon.start(t);
+  const c = d.client();
+  const first = await c.run(['true'], { restart: 'never', cwd: d.root });
+  const second = await c.run(['true'], { restart: 'never', cwd: d.root });
+  await waitFor(async () => {
+    const all = await c.ps({ all: true });
+    return all.length === 2 && (await c.ps()).length === 0;
+  }, 'both executions to end');
+  assert.deepEqual(await c.rm([first]), [first]);
+  await assert.rejects(c.rm([first]), tether.NotFound);
+  assert.deepEqual(await c.prune({ olderThan: 3600 }), []);
+  assert.deepEqual(await c.prune({ olderThan: 0 }), [second]);
+  assert.deepEqual(await c.ps({ all: true }), []);
 });

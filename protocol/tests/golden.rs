@@ -660,6 +660,7 @@ fn all_request_fixtures() -> Vec<(Request, &'static str)> {
     all.extend(run_full_request_fixtures());
     all.extend(metrics_request_fixtures());
     all.extend(resume_request_fixtures());
+    all.extend(removal_request_fixtures());
     all
 }
 
@@ -669,6 +670,7 @@ fn all_response_fixtures() -> Vec<(Response, &'static str)> {
     all.extend(run_full_response_fixtures());
     all.extend(metrics_response_fixtures());
     all.extend(flush_response_fixtures());
+    all.extend(removal_response_fixtures());
     all
 }
 
@@ -709,10 +711,13 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::Resume { .. } => "Resume",
         Request::Restart { .. } => "Restart",
         Request::OutputFlushed { .. } => "OutputFlushed",
+        Request::Remove { .. } => "Remove",
+        Request::Prune { .. } => "Prune",
+        Request::RemoveStreams { .. } => "RemoveStreams",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 32] = [
+const ALL_REQUEST_VARIANTS: [&str; 35] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -745,6 +750,9 @@ const ALL_REQUEST_VARIANTS: [&str; 32] = [
     "Resume",
     "Restart",
     "OutputFlushed",
+    "Remove",
+    "Prune",
+    "RemoveStreams",
 ];
 
 /// See [`request_variant`].
@@ -788,10 +796,11 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::Metrics(_) => "Metrics",
         Response::MetricsPart(_) => "MetricsPart",
         Response::FlushOutput { .. } => "FlushOutput",
+        Response::Removed(_) => "Removed",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 38] = [
+const ALL_RESPONSE_VARIANTS: [&str; 39] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -830,6 +839,7 @@ const ALL_RESPONSE_VARIANTS: [&str; 38] = [
     "Metrics",
     "MetricsPart",
     "FlushOutput",
+    "Removed",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {
@@ -1060,6 +1070,64 @@ fn metrics_requests_encode_to_their_golden_bytes() {
 fn metrics_responses_encode_to_their_golden_bytes() {
     check_fixtures(
         metrics_response_fixtures(),
+        ServerCodec::new(),
+        ClientCodec::new(),
+    );
+}
+
+// Removal (`tether rm`, `prune`, `streams rm`): fixtures of their own,
+// joined to the others for the coverage and variant index checks.
+
+fn removal_request_fixtures() -> Vec<(Request, &'static str)> {
+    vec![
+        (
+            Request::Remove {
+                executions: vec!["e1".into()],
+                force: true,
+            },
+            "00000006 20 01 026531 01",
+        ),
+        (
+            Request::Prune {
+                older_than_ms: Some(300),
+            },
+            "00000004 21 01 ac02",
+        ),
+        (
+            Request::Prune {
+                older_than_ms: None,
+            },
+            "00000002 21 00",
+        ),
+        (
+            Request::RemoveStreams {
+                names: vec!["s".into()],
+            },
+            "00000004 22 01 0173",
+        ),
+    ]
+}
+
+fn removal_response_fixtures() -> Vec<(Response, &'static str)> {
+    vec![(
+        Response::Removed(vec!["e1".into(), "s".into()]),
+        "00000007 26 02 026531 0173",
+    )]
+}
+
+#[test]
+fn removal_requests_encode_to_their_golden_bytes() {
+    check_fixtures(
+        removal_request_fixtures(),
+        ClientCodec::new(),
+        ServerCodec::new(),
+    );
+}
+
+#[test]
+fn removal_responses_encode_to_their_golden_bytes() {
+    check_fixtures(
+        removal_response_fixtures(),
         ServerCodec::new(),
         ClientCodec::new(),
     );

@@ -208,6 +208,25 @@ impl Client {
         let inner = &self.inner;
         block_on(py, move || async move { inner.restart(&id, timeout).await })?.map_err(to_py)
     }
+
+    /// Removes ended executions by id, each with its stream, checkpoints
+    /// and steps (`force`: stops live ones first); returns the ids removed.
+    #[pyo3(signature = (ids, force=false))]
+    fn rm(&self, py: Python<'_>, ids: Vec<String>, force: bool) -> PyResult<Vec<String>> {
+        let inner = &self.inner;
+        block_on(py, move || async move { inner.rm(ids, force).await })?.map_err(to_py)
+    }
+
+    /// Removes ended executions that ended at least `older_than` seconds
+    /// ago (`None`: the daemon's `keep_ended`); returns the ids removed.
+    #[pyo3(signature = (older_than=None))]
+    fn prune(&self, py: Python<'_>, older_than: Option<f64>) -> PyResult<Vec<String>> {
+        let older_than = older_than
+            .map(|secs| seconds(secs, "older_than"))
+            .transpose()?;
+        let inner = &self.inner;
+        block_on(py, move || async move { inner.prune(older_than).await })?.map_err(to_py)
+    }
 }
 
 /// A number of seconds as a duration; `what` names the argument.

@@ -164,6 +164,19 @@ def test_resume_and_restart_a_worker(daemon, tmp_path):
     c.stop(execution, timeout=5)
 
 
+def test_rm_and_prune_remove_ended_executions(daemon, tmp_path):
+    c = daemon.client()
+    first = c.run(["true"], restart="never", cwd=tmp_path)
+    second = c.run(["true"], restart="never", cwd=tmp_path)
+    wait_for(lambda: len(c.ps(all=True)) == 2 and c.ps() == [], "both to end")
+    assert c.rm([first]) == [first]
+    with pytest.raises(tether.NotFound):
+        c.rm([first])
+    assert c.prune(older_than=3600) == []
+    assert c.prune(older_than=0) == [second]
+    assert c.ps(all=True) == []
+
+
 def test_a_durable_consumer_reads_exactly_once_across_a_daemon_kill(daemon):
     c = daemon.client()
     c.publish("s", ["1", "2", "3"], producer="p")

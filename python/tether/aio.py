@@ -160,6 +160,12 @@ class Client:
     async def restart(self, id: str, timeout: float = 10.0) -> str:
         return await asyncio.to_thread(self._sync.restart, id, timeout)
 
+    async def rm(self, ids: List[str], force: bool = False) -> list:
+        return await asyncio.to_thread(self._sync.rm, ids, force)
+
+    async def prune(self, older_than: Optional[float] = None) -> list:
+        return await asyncio.to_thread(self._sync.prune, older_than)
+
 
 class Worker:
     """``tether.Worker`` with coroutines. Get one with ``Worker.from_env()``."""

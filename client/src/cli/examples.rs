@@ -28,7 +28,22 @@ const EXAMPLES: &[(&str, &str)] = &[
   tether tail --cursor-file pos.txt --count 100 events
   tether tail -t --since 10m --until 2m agent",
     ),
-    ("streams", "  tether streams\n  tether streams --json"),
+    (
+        "streams",
+        "  tether streams\n  tether streams --json\n  tether streams rm build-log",
+    ),
+    (
+        "streams rm",
+        "  tether streams rm build-log\n  tether streams rm old-1 old-2",
+    ),
+    (
+        "rm",
+        "  tether rm 3f2a9c\n  tether rm --force 3f2a9c 7b1e04",
+    ),
+    (
+        "prune",
+        "  tether prune\n  tether prune --older-than 7d\n  tether prune --older-than 0s",
+    ),
     ("status", "  tether status\n  tether status --json"),
     (
         "metrics",

@@ -2,7 +2,8 @@
 //! the mapping of errors to exit codes.
 //!
 //! * [`publish`], [`tail`], [`streams`], [`status`], [`metrics`], [`run`],
-//!   [`ps`], [`stop`], [`checkpoint`]: the commands.
+//!   [`ps`], [`stop`], [`checkpoint`], [`rm`] (`rm`, `prune`, `streams
+//!   rm`): the commands.
 //! * [`dial_stdio`]: the bridge that `--host ssh://` runs on the remote
 //!   machine.
 //! * [`attach`]: `attach` and `run --attach`, following an execution until
@@ -27,6 +28,7 @@ pub mod output;
 pub mod ps;
 pub mod publish;
 pub mod resume;
+pub mod rm;
 pub mod run;
 pub mod run_env;
 pub mod shell;
@@ -106,8 +108,9 @@ enum Command {
     Publish(publish::PublishArgs),
     /// Print a stream's frames, one per line.
     Tail(tail::TailArgs),
-    /// List streams with their retained range, size and consumers.
-    Streams,
+    /// List streams with their retained range, size and consumers; `rm`
+    /// removes streams.
+    Streams(rm::StreamsArgs),
     /// Show the daemon's status.
     Status,
     /// Start a supervised worker and print its execution id.
@@ -121,6 +124,10 @@ enum Command {
     Resume(resume::ResumeArgs),
     /// Stop the running attempt and start the next at once.
     Restart(resume::RestartArgs),
+    /// Remove ended executions with their stream, checkpoints and steps.
+    Rm(rm::RmArgs),
+    /// Remove ended executions that ended long enough ago.
+    Prune(rm::PruneArgs),
     /// Save, load and list an execution's checkpoints.
     Checkpoint(checkpoint::CheckpointArgs),
     /// Run, record, show and forget an execution's durable steps.
@@ -235,7 +242,9 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Publish(args) => publish::run(&context, args).await,
             Command::Tail(args) => done(tail::run(&context, args).await),
-            Command::Streams => done(streams::run(&context).await),
+            Command::Streams(args) => done(rm::streams(&context, args).await),
+            Command::Rm(args) => done(rm::rm(&context, args).await),
+            Command::Prune(args) => done(rm::prune(&context, args).await),
             Command::Status => done(status::run(&context).await),
             Command::Run(args) => run::run(&context, args).await,
             Command::Ps(args) => done(ps::run(&context, args).await),

@@ -190,6 +190,16 @@ impl Client {
             .collect()
     }
 
+    /// Removes ended executions as `tether rm` does; see [`remove`].
+    pub async fn rm(&self, ids: Vec<String>, force: bool) -> Result<Vec<String>> {
+        remove(&self.connector, ids, force).await
+    }
+
+    /// Removes old ended executions as `tether prune` does; see [`prune`].
+    pub async fn prune(&self, older_than: Option<Duration>) -> Result<Vec<String>> {
+        prune(&self.connector, older_than).await
+    }
+
     /// Stops an execution as `tether stop` does (SIGTERM, SIGKILL after
     /// `timeout`) and returns it as it ended.
     pub async fn stop(&self, execution: &str, timeout: Duration) -> Result<Value> {
@@ -250,6 +260,46 @@ pub async fn restart(connector: &Connector, execution: &str, timeout: Duration) 
     match conn.request(&request).await? {
         Response::Started { execution } => Ok(execution),
         other => Err(unexpected("Started", &other)),
+    }
+}
+
+/// Removes ended executions by id, each with its stream, checkpoints,
+/// steps and manifest (`force`: stops live ones first); returns the ids
+/// removed. Sent once, never retried: after a lost connection they may be
+/// gone (a second try would say they are not found).
+pub async fn remove(connector: &Connector, ids: Vec<String>, force: bool) -> Result<Vec<String>> {
+    let request = Request::Remove {
+        executions: ids,
+        force,
+    };
+    removed(connector, &request).await
+}
+
+/// Removes every ended execution that ended at least `older_than` ago
+/// (`None`: the daemon's `keep_ended`); returns the ids removed. Retried
+/// after a lost connection, as pruning again is harmless.
+pub async fn prune(connector: &Connector, older_than: Option<Duration>) -> Result<Vec<String>> {
+    let request = Request::Prune {
+        older_than_ms: older_than.map(crate::time::millis),
+    };
+    match connector.request(&request).await? {
+        Response::Removed(ids) => Ok(ids),
+        other => Err(unexpected("Removed", &other)),
+    }
+}
+
+/// Removes streams by name, each leaving a tombstone of its last seq;
+/// returns the names removed. Sent once, as [`remove`] is.
+pub async fn remove_streams(connector: &Connector, names: Vec<String>) -> Result<Vec<String>> {
+    removed(connector, &Request::RemoveStreams { names }).await
+}
+
+/// Sends one removal on a fresh session and reads its answer.
+async fn removed(connector: &Connector, request: &Request) -> Result<Vec<String>> {
+    let mut conn = connector.connect().await?;
+    match conn.request(request).await? {
+        Response::Removed(removed) => Ok(removed),
+        other => Err(unexpected("Removed", &other)),
     }
 }
 

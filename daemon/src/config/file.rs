@@ -157,6 +157,19 @@ pub struct FileConfig {
     /// What `tether metrics` shows, and where else it is served.
     #[serde(default)]
     pub metrics: MetricsSection,
+    /// How long ended executions are kept.
+    #[serde(default)]
+    pub executions: ExecutionsSection,
+}
+
+/// `[executions]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutionsSection {
+    /// How long an ended execution is kept: a duration, or `"off"` to
+    /// keep them all (`Some(None)`).
+    #[serde(default, deserialize_with = "duration_or_off")]
+    pub keep_ended: Option<Option<Duration>>,
 }
 
 /// `[metrics]`.
@@ -290,6 +303,25 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Durat
     d.deserialize_any(Visitor)
 }
 
+/// Reads a duration as [`duration`] does, or `"off"` (`Some(None)`).
+fn duration_or_off<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Option<Duration>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Secs(u64),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Secs(secs) => Ok(Some(Some(Duration::from_secs(secs)))),
+        Raw::Text(text) if text.trim() == "off" => Ok(Some(None)),
+        Raw::Text(text) => parse_duration(&text)
+            .map(|d| Some(Some(d)))
+            .map_err(serde::de::Error::custom),
+    }
+}
+
 /// Parses `"30d"`, `"12h 30m"` or `"90"` (seconds).
 pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     let text = text.trim();
@@ -350,6 +382,9 @@ impl Config {
         }
         if let Some(n) = file.max_checkpoint_bytes {
             self.max_checkpoint_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(keep) = file.executions.keep_ended {
+            self.keep_ended = keep;
         }
         if let Some(globs) = &file.metrics.streams {
             self.metrics.streams = globs.clone();
@@ -498,6 +533,7 @@ impl Config {
             self.max_checkpoint_bytes != new.max_checkpoint_bytes,
         );
         differs("log_format", self.log_format != new.log_format);
+        differs("executions.keep_ended", self.keep_ended != new.keep_ended);
         differs(
             "metrics.streams",
             self.metrics.streams != new.metrics.streams,

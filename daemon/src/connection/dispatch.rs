@@ -296,6 +296,16 @@ impl Session {
                 self.send_all(parts::metrics(text, self.max_frame_len())?)
                     .await
             }
+            Request::Remove { executions, force } => self.remove(&executions, force).await,
+            Request::Prune { older_than_ms } => self.prune(older_than_ms).await,
+            Request::RemoveStreams { names } => {
+                for name in &names {
+                    validate_name("stream", name)?;
+                }
+                let removed = self.shared.supervisor.remove_streams(&names).await?;
+                let names = removed.into_iter().map(|(name, _)| name).collect();
+                self.send_all(vec![Response::Removed(names)]).await
+            }
             Request::Append(_) | Request::AppendStamped(_) | Request::DurableAck(_) => {
                 Err(Refusal::new(
                     ErrorCode::INTERNAL,
@@ -443,6 +453,34 @@ impl Session {
         self.send_all(vec![Response::Started { execution }]).await
     }
 
+    /// `tether rm`: ids only, never names, so that a name cannot pick
+    /// another execution than the one meant.
+    async fn remove(&mut self, executions: &[String], force: bool) -> Result<(), Refusal> {
+        for id in executions {
+            validate_name("execution", id)?;
+        }
+        let removed = tokio::select! {
+            // `--force` may wait for a stop; a daemon shutting down does not.
+            _ = self.shutdown.cancelled() => return Err(Error::ShuttingDown.into()),
+            removed = self.shared.supervisor.remove(executions, force) => removed?,
+        };
+        self.send_all(vec![Response::Removed(removed)]).await
+    }
+
+    /// `tether prune`: without an age, the configured `keep_ended`.
+    async fn prune(&mut self, older_than_ms: Option<u64>) -> Result<(), Refusal> {
+        let older_than = match older_than_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => self.shared.config.keep_ended.ok_or_else(|| {
+                Error::InvalidRequest(
+                    "[executions] keep_ended is off: say how old with --older-than".into(),
+                )
+            })?,
+        };
+        let removed = self.shared.supervisor.prune(older_than).await?;
+        self.send_all(vec![Response::Removed(removed)]).await
+    }
+
     async fn shim_hello(&mut self, hello: ShimHello) -> Result<(), Refusal> {
         if let Some((execution, attempt)) = &self.shim {
             if *execution != hello.execution || *attempt != hello.attempt {
@@ -560,6 +598,8 @@ fn control_target(request: &Request) -> &str {
         | Request::StepClear { execution, .. } => execution,
         Request::CheckpointSave(save) => &save.execution,
         Request::CheckpointSaveFull(save) => &save.execution,
+        Request::Remove { executions, .. } => executions.first().map_or("", String::as_str),
+        Request::RemoveStreams { names } => names.first().map_or("", String::as_str),
         _ => "",
     }
 }

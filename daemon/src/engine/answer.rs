@@ -47,6 +47,10 @@ pub(super) struct Publish {
     pub(super) checkpoint_refs: CheckpointRefs,
     pub(super) checkpoints: Vec<(String, CheckpointRef)>,
     pub(super) metrics: Arc<Metrics>,
+    /// Streams removed, and executions whose checkpoints were, before
+    /// anything this commit created again.
+    pub(super) removed_streams: Vec<String>,
+    pub(super) removed_executions: Vec<String>,
 }
 
 impl Publish {
@@ -54,6 +58,15 @@ impl Publish {
     /// before anyone is answered, so that a reader who was told "appended"
     /// finds the frames.
     fn advance(&mut self) {
+        for name in &self.removed_streams {
+            self.hub.remove(name);
+        }
+        if !self.removed_executions.is_empty() {
+            let mut refs = lock(&self.checkpoint_refs);
+            for execution in &self.removed_executions {
+                refs.remove(execution);
+            }
+        }
         self.hub.advance(&self.updates);
         // Counted here, once durable, and once per commit rather than
         // per frame.

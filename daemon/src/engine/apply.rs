@@ -18,7 +18,7 @@ use tether_protocol::{
 
 use super::answer::Publish;
 use super::cache::StreamState;
-use super::commands::{Outcome, Recorded, Request};
+use super::commands::{Outcome, Recorded, Removed, Request};
 use super::writer::Writer;
 use super::AppendOutcome;
 use crate::checkpoint::{self, Resume};
@@ -38,6 +38,9 @@ pub(super) struct Staged {
     pub(super) created_stream: bool,
     /// Checkpoints saved, in order, as `ps` will show them.
     checkpoints: Vec<(String, CheckpointRef)>,
+    /// Streams and executions removed, for the hub and `ps`.
+    removed_streams: Vec<String>,
+    removed_executions: Vec<String>,
 }
 
 impl Staged {
@@ -119,9 +122,62 @@ impl Writer {
                 let cleared = txn.clear_steps(&execution, steps.as_deref())?;
                 Ok(Ok(Outcome::Cleared(cleared)))
             }
+            Request::Remove {
+                executions,
+                streams,
+            } => self.apply_remove(txn, executions, streams, staged),
             // Separated out by `process`; never part of a transaction.
             Request::Compact | Request::SetRetention(_) => Ok(Ok(Outcome::Done)),
         }
+    }
+
+    /// Removes executions and streams, each whole, in this one
+    /// transaction (a durable commit: see [`WriteTxn::remove_stream`]).
+    fn apply_remove(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        executions: Vec<String>,
+        streams: Vec<String>,
+        staged: &mut Staged,
+    ) -> Result<Result<Outcome>> {
+        let mut removed = Removed::default();
+        for execution in executions {
+            if txn.remove_execution(&execution)? {
+                staged.removed_executions.push(execution.clone());
+                removed.executions.push(execution.clone());
+            }
+            // The execution's stream goes with it; it is not listed apart.
+            self.remove_stream(txn, &execution, staged)?;
+        }
+        for name in streams {
+            if let Some(last_seq) = self.remove_stream(txn, &name, staged)? {
+                removed.streams.push((name, last_seq));
+            }
+        }
+        Ok(Ok(Outcome::Removed(removed)))
+    }
+
+    /// Removes one stream from the transaction and the caches; its last
+    /// seq, or `None` when there was no such stream.
+    fn remove_stream(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        name: &str,
+        staged: &mut Staged,
+    ) -> Result<Option<u64>> {
+        let Some(stream) = self.state.streams.remove(name) else {
+            return Ok(None);
+        };
+        let last_seq = stream.meta.last_seq;
+        txn.remove_stream(name, stream.meta.id, last_seq)?;
+        let tombstone = self.state.tombstones.entry(name.to_owned()).or_insert(0);
+        *tombstone = (*tombstone).max(last_seq);
+        // Frames this batch appended to it before are gone with it.
+        staged.streams.remove(name);
+        staged.producers.remove(name);
+        staged.removed_streams.push(name.to_owned());
+        // A compaction queued for it finds no stream and passes.
+        Ok(Some(last_seq))
     }
 
     fn apply_appends(
@@ -560,6 +616,8 @@ impl Writer {
             checkpoint_refs: self.checkpoint_refs.clone(),
             checkpoints: staged.checkpoints,
             metrics: self.opts.metrics.clone(),
+            removed_streams: staged.removed_streams,
+            removed_executions: staged.removed_executions,
         }
     }
 }

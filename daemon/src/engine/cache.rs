@@ -18,6 +18,9 @@ use crate::syncer::Durable;
 pub(super) struct State {
     pub(super) next_stream_id: u64,
     pub(super) streams: HashMap<String, StreamState>,
+    /// The last seq of each removed stream, which a stream created again
+    /// under its name starts above.
+    pub(super) tombstones: HashMap<String, u64>,
 }
 
 #[derive(Debug)]
@@ -59,6 +62,7 @@ impl State {
         Self {
             next_stream_id: snapshot.next_stream_id.max(1),
             streams,
+            tombstones: snapshot.tombstones.into_iter().collect(),
         }
     }
 }
@@ -97,8 +101,9 @@ impl Writer {
             let id = self.state.next_stream_id;
             self.state.next_stream_id += 1;
             staged.created_stream = true;
+            let after = self.state.tombstones.get(name).copied().unwrap_or(0);
             let created = StreamState {
-                meta: StreamMeta::new(id, ts),
+                meta: StreamMeta::after(id, ts, after),
                 producers: HashMap::new(),
                 consumers: BTreeMap::new(),
                 oldest_ts: None,

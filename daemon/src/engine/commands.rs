@@ -57,6 +57,12 @@ pub(super) enum Request {
         execution: String,
         steps: Option<Vec<String>>,
     },
+    /// Remove executions (manifest, checkpoints, steps and the stream of
+    /// the same name) and streams; names not found are skipped.
+    Remove {
+        executions: Vec<String>,
+        streams: Vec<String>,
+    },
     Compact,
     /// Handled by the writer without a transaction.
     SetRetention(Retention),
@@ -79,6 +85,10 @@ impl Request {
             Request::SaveCheckpoint { save, .. } => (1, save.data.len()),
             Request::PutStep { result, .. } => (1, result.len()),
             Request::ClearSteps { .. } => (1, 0),
+            Request::Remove {
+                executions,
+                streams,
+            } => (executions.len() + streams.len(), 0),
             Request::Compact | Request::SetRetention(_) => (0, 0),
         }
     }
@@ -93,7 +103,17 @@ pub(super) enum Reply {
     Checkpoint(oneshot::Sender<Result<CheckpointMeta>>),
     Step(oneshot::Sender<Result<Bytes>>),
     Cleared(oneshot::Sender<Result<u64>>),
+    Removed(oneshot::Sender<Result<Removed>>),
     Compact(oneshot::Sender<Result<()>>),
+}
+
+/// What a removal found and removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Removed {
+    /// The executions that had a manifest.
+    pub executions: Vec<String>,
+    /// The streams that existed, with their last seq (now a tombstone).
+    pub streams: Vec<(String, u64)>,
 }
 
 /// What recording an execution change returns.
@@ -117,6 +137,8 @@ pub(super) enum Outcome {
     Step(Bytes),
     /// How many step results were forgotten.
     Cleared(u64),
+    /// What a removal found.
+    Removed(Removed),
     /// An ack or a compaction finished.
     Done,
 }
@@ -144,6 +166,9 @@ impl Reply {
             (Reply::Cleared(tx), Ok(Outcome::Cleared(n))) => {
                 let _ = tx.send(Ok(n));
             }
+            (Reply::Removed(tx), Ok(Outcome::Removed(removed))) => {
+                let _ = tx.send(Ok(removed));
+            }
             (Reply::Ack(tx) | Reply::Compact(tx), Ok(Outcome::Done)) => {
                 let _ = tx.send(Ok(()));
             }
@@ -163,6 +188,7 @@ impl Reply {
             Reply::Checkpoint(tx) => tx.send(Err(e)).is_ok(),
             Reply::Step(tx) => tx.send(Err(e)).is_ok(),
             Reply::Cleared(tx) => tx.send(Err(e)).is_ok(),
+            Reply::Removed(tx) => tx.send(Err(e)).is_ok(),
             Reply::Ack(tx) | Reply::Compact(tx) => tx.send(Err(e)).is_ok(),
         };
     }

@@ -166,6 +166,8 @@ impl Writer {
                 checkpoint_refs: self.checkpoint_refs.clone(),
                 checkpoints: Vec::new(),
                 metrics: self.opts.metrics.clone(),
+                removed_streams: Vec::new(),
+                removed_executions: Vec::new(),
             };
             self.answer(durable, Some(publish), Vec::new(), Vec::new());
             // More may be due than one batch deletes.

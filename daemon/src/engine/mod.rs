@@ -58,6 +58,7 @@ use crate::syncer::{DurableReads, Syncer};
 use crate::{Error, Result};
 
 use cache::State;
+pub use commands::Removed;
 use commands::{Command, Reply, Request};
 use writer::{spawn_writer, Writer};
 
@@ -420,6 +421,19 @@ impl Queue {
             steps,
         };
         self.call(request, Reply::Cleared).await
+    }
+
+    /// Removes executions (each with its manifest, checkpoints, steps and
+    /// stream) and streams, all in one durable commit; a removed stream
+    /// leaves a tombstone of its last seq. Names not stored are skipped;
+    /// the answer says what was removed. Whether an execution may be
+    /// removed (it has ended) is the caller's to check.
+    pub async fn remove(&self, executions: Vec<String>, streams: Vec<String>) -> Result<Removed> {
+        let request = Request::Remove {
+            executions,
+            streams,
+        };
+        self.call(request, Reply::Removed).await
     }
 
     /// [`Queue::read`] of checkpoints or step results, answered once what

@@ -13,7 +13,7 @@ use super::chunk::{
 };
 use super::schema::{
     lost_through, ProducerState, StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, META,
-    META_NEXT_STREAM_ID, PRODUCERS, STEPS, STEP_TIMES, STREAMS,
+    META_NEXT_STREAM_ID, PRODUCERS, STEPS, STEP_TIMES, STREAMS, TOMBSTONES,
 };
 use super::{guard_db, storage, Store};
 use crate::{Error, Result};
@@ -28,6 +28,8 @@ pub struct Snapshot {
     pub producers: Vec<(u64, String, ProducerState)>,
     /// (stream id, consumer, acked_through).
     pub consumers: Vec<(u64, String, u64)>,
+    /// (name, last seq) of each removed stream.
+    pub tombstones: Vec<(String, u64)>,
 }
 
 /// Frames read from one stream in one read transaction, with the stream's
@@ -161,6 +163,10 @@ impl Store {
             snapshot
                 .consumers
                 .push((stream_id, consumer.to_owned(), acked));
+            Ok(())
+        })?;
+        self.each_row(txn, TOMBSTONES, |name, last_seq| {
+            snapshot.tombstones.push((name.to_owned(), last_seq));
             Ok(())
         })?;
         Ok(snapshot)

@@ -26,7 +26,7 @@ use super::backup::{copy_aside, create_private_dir, io_error, sync_dir, write_sy
 use super::chunk::{chunk_bytes, ChunkIter};
 use super::schema::{
     StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, LOST, META, META_NEXT_STREAM_ID,
-    PRODUCERS, STEPS, STEP_TIMES, STREAMS,
+    PRODUCERS, STEPS, STEP_TIMES, STREAMS, TOMBSTONES,
 };
 use super::txn::commit;
 use super::verify::{read_marks, LogMarks};
@@ -407,7 +407,17 @@ impl<'s> Build<'s> {
         self.read_table(&txn, STEP_TIMES, "step times", |_, (id, step), ts| {
             step_times.push((id.to_owned(), step.to_owned(), ts));
         });
+        // Removed streams' last seqs: a stream created again goes on
+        // above them after the repair too.
+        let mut tombstones = Vec::new();
+        self.read_table(&txn, TOMBSTONES, "tombstones", |_, name, last_seq| {
+            tombstones.push((name.to_owned(), last_seq));
+        });
         self.write(|txn| {
+            let mut table = txn.open_table(TOMBSTONES).map_err(storage)?;
+            for (name, last_seq) in &tombstones {
+                table.insert(name.as_str(), *last_seq).map_err(storage)?;
+            }
             let mut table = txn.open_table(EXECUTIONS).map_err(storage)?;
             for (id, manifest) in &executions {
                 table

@@ -46,6 +46,12 @@ pub(super) const STEP_TIMES: TableDefinition<'_, (&str, &str), u64> =
 /// it reads the store as before and finds the holes.
 pub(super) const LOST: TableDefinition<'_, (u64, u64), u64> = TableDefinition::new("lost");
 
+/// Removed streams' last seqs, by name: a stream created again under a
+/// name in this table starts above its seq, so that no seq of a name is
+/// ever given twice and a reader's saved position never silently skips.
+/// Written only by durable commits (see `WriteTxn::remove_stream`).
+pub(super) const TOMBSTONES: TableDefinition<'_, &str, u64> = TableDefinition::new("tombstones");
+
 pub(super) const META_SCHEMA_VERSION: &str = "schema_version";
 pub(super) const META_NEXT_STREAM_ID: &str = "next_stream_id";
 /// The number of the last write-ahead log record this state includes (see
@@ -87,10 +93,16 @@ pub struct StreamMeta {
 impl StreamMeta {
     /// A new, empty stream.
     pub fn new(id: u64, created_micros: u64) -> Self {
+        Self::after(id, created_micros, 0)
+    }
+
+    /// A new, empty stream whose first seq will be `after + 1`: `after` is
+    /// the tombstone a removed stream of the same name left.
+    pub fn after(id: u64, created_micros: u64, after: u64) -> Self {
         Self {
             id,
-            first_seq: 1,
-            last_seq: 0,
+            first_seq: after + 1,
+            last_seq: after,
             frames: 0,
             bytes: 0,
             created_micros,
@@ -124,6 +136,7 @@ impl Store {
             txn.open_table(EXECUTIONS).map_err(storage)?;
             txn.open_table(CHECKPOINTS).map_err(storage)?;
             txn.open_table(STEPS).map_err(storage)?;
+            txn.open_table(TOMBSTONES).map_err(storage)?;
             let mut meta = txn.open_table(META).map_err(storage)?;
             let version = meta
                 .get(META_SCHEMA_VERSION)

@@ -17,6 +17,7 @@ use super::schema::{
     META_NEXT_STREAM_ID, META_WAL_APPLIED, META_WAL_CAPACITY, META_WAL_RESUME, META_WAL_TAIL,
     PRODUCERS, STEPS, STEP_TIMES, STREAMS,
 };
+use super::schema::{LOST, TOMBSTONES};
 use super::storage;
 use crate::syncer::Durable;
 use crate::wal::{self, Layout, LogReader, Op, RawBytes, RecordBuf, Wal};
@@ -49,6 +50,8 @@ pub struct WriteTxn<'t> {
     checkpoints: LazyTable<'t, (&'static str, u64), &'static [u8]>,
     steps: LazyTable<'t, (&'static str, &'static str), &'static [u8]>,
     step_times: LazyTable<'t, (&'static str, &'static str), u64>,
+    tombstones: LazyTable<'t, &'static str, u64>,
+    lost: LazyTable<'t, (u64, u64), u64>,
     /// Reused encoding buffer, so that appending a frame does not allocate.
     scratch: Vec<u8>,
     /// The log record describing this transaction, when it is to be
@@ -436,6 +439,70 @@ impl WriteTxn<'_> {
         Ok(cleared)
     }
 
+    /// The last seq of the removed stream `name`, if one was removed.
+    pub fn tombstone(&mut self, name: &str) -> Result<Option<u64>> {
+        let value = self.tombstones.get()?.get(name).map_err(storage)?;
+        Ok(value.map(|v| v.value()))
+    }
+
+    /// Removes stream `name` (whose id is `stream_id`) with its frames,
+    /// producers, consumers and lost ranges, and leaves a tombstone of
+    /// `last_seq`. The log has no change for it: the commit is made
+    /// durable in the store, which is then whole without the records
+    /// before it, so that a replay cannot bring the stream back. Frames
+    /// of the stream this transaction appended are dropped with it.
+    pub fn remove_stream(&mut self, name: &str, stream_id: u64, last_seq: u64) -> Result<()> {
+        self.unlogged = true;
+        self.pending.remove(&stream_id);
+        if matches!(&self.current, Some((id, _)) if *id == stream_id) {
+            self.current = None;
+        }
+        self.unstored.retain(|((id, _), _, _)| *id != stream_id);
+        self.streams.get()?.remove(name).map_err(storage)?;
+        let all = (stream_id, 0)..=(stream_id, u64::MAX);
+        self.chunks
+            .get()?
+            .retain_in(all.clone(), |_, _| false)
+            .map_err(storage)?;
+        self.lost
+            .get()?
+            .retain_in(all, |_, _| false)
+            .map_err(storage)?;
+        self.producers
+            .get()?
+            .retain_in((stream_id, "")..(stream_id + 1, ""), |_, _| false)
+            .map_err(storage)?;
+        self.consumers
+            .get()?
+            .retain_in((stream_id, "")..(stream_id + 1, ""), |_, _| false)
+            .map_err(storage)?;
+        let kept = self.tombstone(name)?.unwrap_or(0);
+        self.tombstones
+            .get()?
+            .insert(name, kept.max(last_seq))
+            .map_err(storage)?;
+        Ok(())
+    }
+
+    /// Removes an execution's manifest, checkpoints and step results
+    /// (its stream is removed apart, by [`WriteTxn::remove_stream`]).
+    /// Durable in the store, as that is. Returns whether it had a manifest.
+    pub fn remove_execution(&mut self, id: &str) -> Result<bool> {
+        self.unlogged = true;
+        let had = self
+            .executions
+            .get()?
+            .remove(id)
+            .map_err(storage)?
+            .is_some();
+        self.checkpoints
+            .get()?
+            .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)
+            .map_err(storage)?;
+        self.clear_steps(id, None)?;
+        Ok(had)
+    }
+
     /// Records the id the next new stream gets.
     pub fn set_next_stream_id(&mut self, id: u64) -> Result<()> {
         self.meta
@@ -493,6 +560,8 @@ pub(super) fn tables<'t>(
         checkpoints: LazyTable::new(txn, CHECKPOINTS),
         steps: LazyTable::new(txn, STEPS),
         step_times: LazyTable::new(txn, STEP_TIMES),
+        tombstones: LazyTable::new(txn, TOMBSTONES),
+        lost: LazyTable::new(txn, LOST),
         scratch: Vec::new(),
         record,
         unlogged: false,

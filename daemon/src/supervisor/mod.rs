@@ -6,7 +6,8 @@
 //!   start time and signals them through pidfds; [`spawn`] starts shims.
 //! * `attempt` runs attempts (run, launch, shim hello, worker exit, the
 //!   policy's decision), `stop` stops them, `recovery` sorts out the
-//!   recorded executions when the daemon starts.
+//!   recorded executions when the daemon starts, `remove` removes ended
+//!   ones (`rm`, `prune`, `keep_ended`).
 //! * [`Supervisor`] ties them together. It keeps every execution in memory,
 //!   each behind its own async mutex, so that changes to one execution are
 //!   serialised while different executions commit concurrently (and share
@@ -29,6 +30,7 @@ pub mod manifest;
 pub mod policy;
 pub mod procfs;
 mod recovery;
+mod remove;
 mod resume;
 pub mod spawn;
 pub mod state;
@@ -568,7 +570,7 @@ impl Supervisor {
 
 impl Inner {
     fn slots(&self) -> MutexGuard<'_, BTreeMap<String, Arc<Slot>>> {
-        // The map is only inserted into and read; it is sound after a panic.
+        // Each change is one insert or remove: sound after a panic.
         self.executions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

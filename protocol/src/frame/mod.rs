@@ -157,12 +157,12 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 32;
+    const KINDS: u32 = 35;
 }
 
 impl Message for Response {
     const NAME: &'static str = "response";
-    const KINDS: u32 = 38;
+    const KINDS: u32 = 39;
 }
 
 /// Checks a stream, producer or consumer name: 1 to [`MAX_NAME_LEN`] bytes,

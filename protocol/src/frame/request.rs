@@ -147,6 +147,24 @@ pub enum Request {
     /// line the worker wrote before the shim read that ask has been
     /// appended and acknowledged on this session. Not answered.
     OutputFlushed { token: u64 },
+    // Removal (`tether rm`, `prune`, `streams rm`).
+    /// Remove ended executions by id, each with its stream, checkpoints,
+    /// steps and manifest, in one durable commit. A live one is refused
+    /// (`invalid_request`, nothing removed) unless `force`, which stops
+    /// it first. Answered with [`Response::Removed`]: the ids.
+    Remove {
+        executions: Vec<String>,
+        force: bool,
+    },
+    /// Remove every ended execution that ended at least `older_than_ms`
+    /// ago (`None`: the daemon's `keep_ended`; refused when that is off).
+    /// Answered with [`Response::Removed`]: the ids, in id order.
+    Prune { older_than_ms: Option<u64> },
+    /// Remove streams; each leaves a tombstone of its last seq, which a
+    /// stream of that name created again continues above. The stream of
+    /// a live execution is refused (`invalid_request`, nothing removed).
+    /// Answered with [`Response::Removed`]: the names.
+    RemoveStreams { names: Vec<String> },
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
@@ -191,6 +209,9 @@ impl Request {
             Request::Resume { .. } => 29,
             Request::Restart { .. } => 30,
             Request::OutputFlushed { .. } => 31,
+            Request::Remove { .. } => 32,
+            Request::Prune { .. } => 33,
+            Request::RemoveStreams { .. } => 34,
         }
     }
 
@@ -231,6 +252,9 @@ impl Request {
             "Resume",
             "Restart",
             "OutputFlushed",
+            "Remove",
+            "Prune",
+            "RemoveStreams",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -270,6 +294,9 @@ impl Request {
             Request::Resume { .. } => "Resume",
             Request::Restart { .. } => "Restart",
             Request::OutputFlushed { .. } => "OutputFlushed",
+            Request::Remove { .. } => "Remove",
+            Request::Prune { .. } => "Prune",
+            Request::RemoveStreams { .. } => "RemoveStreams",
         }
     }
 }

@@ -111,6 +111,9 @@ pub enum Response {
     /// the worker has written so far, appends it, and once it is all
     /// acknowledged sends [`Request::OutputFlushed`] with `token`.
     FlushOutput { token: u64 },
+    /// Answer to [`Request::Remove`], [`Request::Prune`] and
+    /// [`Request::RemoveStreams`]: the ids or names removed.
+    Removed(Vec<String>),
 }
 
 impl Response {
@@ -160,6 +163,7 @@ impl Response {
             Response::Metrics(_) => "Metrics",
             Response::MetricsPart(_) => "MetricsPart",
             Response::FlushOutput { .. } => "FlushOutput",
+            Response::Removed(_) => "Removed",
         }
     }
 }

@@ -42,6 +42,7 @@ mod names;
 mod publish_tail;
 mod remote_access;
 mod remote_ssh;
+mod remove;
 mod replay_cutover;
 mod run_environment;
 mod run_pty;
