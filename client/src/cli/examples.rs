@@ -69,6 +69,16 @@ const EXAMPLES: &[(&str, &str)] = &[
   tether wait 3f2a9c 7b1e04 && echo both completed",
     ),
     (
+        "resume",
+        "  tether resume agent
+  tether resume --checkpoint 12 3f2a9c",
+    ),
+    (
+        "restart",
+        "  tether restart agent
+  tether restart --timeout 30s 3f2a9c",
+    ),
+    (
         "stop",
         "  tether stop agent\n  tether stop --timeout 30s 3f2a9c",
     ),
