@@ -240,7 +240,10 @@ fn declared_of(
     let cmd_at = Some(table.cmd.span().start);
     let command = table.cmd.into_inner();
     if command.first().is_none_or(String::is_empty) {
-        return Err((cmd_at, "cmd must name a program: a non-empty first string".into()));
+        return Err((
+            cmd_at,
+            "cmd must name a program: a non-empty first string".into(),
+        ));
     }
     let restart = match table.restart {
         None => RestartPolicy::OnFailure,
@@ -300,7 +303,11 @@ fn declared_of(
 /// The 1-based line of byte `offset` in `text`.
 fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
-    text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 #[cfg(test)]
@@ -374,7 +381,10 @@ max_failures_without_progress = 4
     #[test]
     fn an_unknown_key_names_the_file_line_and_key() {
         let err = problem("[[execution]]\nid = \"a\"\ncmd = [\"x\"]\ncolour = \"red\"\n");
-        assert!(err.starts_with("jobs.toml:4: unknown field `colour`"), "{err}");
+        assert!(
+            err.starts_with("jobs.toml:4: unknown field `colour`"),
+            "{err}"
+        );
         let err = problem("[[job]]\nid = \"a\"\n");
         assert!(err.starts_with("jobs.toml:1: unknown field `job`"), "{err}");
     }
@@ -387,7 +397,10 @@ max_failures_without_progress = 4
         let err = problem("[[execution]]\nid = \"a\"\n");
         assert!(err.contains("missing field `cmd`"), "{err}");
         let err = problem("[[execution]]\nid = \"a\"\ncmd = []\n");
-        assert!(err.starts_with("jobs.toml:3: cmd must name a program"), "{err}");
+        assert!(
+            err.starts_with("jobs.toml:3: cmd must name a program"),
+            "{err}"
+        );
         let err = problem("[[execution]]\nid = \"a\"\ncmd = \"echo hi\"\n");
         assert!(err.starts_with("jobs.toml:3: "), "{err}");
     }
@@ -415,7 +428,10 @@ max_failures_without_progress = 4
             "jobs.toml:4: restart \"sometimes\" is not one of never, on-failure, always"
         );
         let err = problem(&format!("{base}deadline = \"soon\"\n"));
-        assert!(err.starts_with("jobs.toml:4: deadline: invalid duration"), "{err}");
+        assert!(
+            err.starts_with("jobs.toml:4: deadline: invalid duration"),
+            "{err}"
+        );
         let err = problem(&format!("{base}stop_signal = \"SEGV\"\n"));
         assert!(err.starts_with("jobs.toml:4: stop signal"), "{err}");
         let err = problem(&format!("{base}max_restarts = -1\n"));
