@@ -27,7 +27,9 @@
 //! The worker's environment is exactly `env` (plus its own `TETHER_*`
 //! variables): not the caller's, so that a file means the same whoever
 //! applies it and from whatever shell. Declare `PATH` if the worker needs
-//! more than the system's default search path.
+//! more than the system's default search path. Directories are resolved
+//! on this machine, so with `--host` give each `cwd` as the remote
+//! machine's absolute path.
 //!
 //! What is compared is what the daemon shows of a stored execution: `cmd`,
 //! `name`, `cwd`, `restart`, `labels` (as a set), `parent`, and `env` by
