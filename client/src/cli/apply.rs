@@ -440,6 +440,49 @@ max_failures_without_progress = 4
         assert!(err.starts_with("jobs.toml:4: "), "{err}");
     }
 
+    /// What the daemon would show of an execution started from `run`.
+    fn stored(run: &RunSpecFull) -> ExecutionDetail {
+        let info = tether_protocol::ExecutionInfo {
+            command: run.spec.command.clone(),
+            name: run.spec.name.clone(),
+            restart: run.spec.restart,
+            ..crate::cli::ps::tests::info("a", tether_protocol::ExecState::Running)
+        };
+        ExecutionDetail {
+            info,
+            env_keys: run.spec.env.iter().map(|(k, _)| k.clone()).collect(),
+            cwd: run.spec.cwd.clone(),
+            cpu_per_mille: None,
+            rss_bytes: None,
+            labels: run.labels.iter().rev().cloned().collect(),
+            parent: run.parent.clone(),
+            children: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn only_the_fields_that_differ_are_named() {
+        let text = "[[execution]]\nid = \"a\"\ncmd = [\"x\"]\nenv = { A = \"1\" }\n\
+                    labels = { k = \"v\", t = \"u\" }\nmax_restarts = 2\n";
+        let run = parsed(text).unwrap().remove(0).run;
+        let same = stored(&run);
+        assert!(
+            differences(&same, &run).is_empty(),
+            "labels compare as a set"
+        );
+        let mut other = stored(&run);
+        other.info.command = vec!["y".into()];
+        other.info.restart = RestartPolicy::Never;
+        other.env_keys.push("B".into());
+        other.cwd = Some("/elsewhere".into());
+        assert_eq!(differences(&other, &run), ["cmd", "cwd", "env", "restart"]);
+        let mut other = stored(&run);
+        other.info.name = Some("n".into());
+        other.labels.pop();
+        other.parent = Some("p".into());
+        assert_eq!(differences(&other, &run), ["name", "labels", "parent"]);
+    }
+
     #[test]
     fn the_lines_printed_name_the_outcome() {
         assert_eq!(line(false, "a", &Outcome::Started), "started a\n");
