@@ -57,6 +57,12 @@ const EXAMPLES: &[(&str, &str)] = &[
   tether run --env MODE=fast --cwd /srv/job --attach -- ./job
   tether run --pty --env-file .env -- ./tool-that-buffers",
     ),
+    (
+        "apply",
+        "  tether apply jobs.toml
+  tether apply --replace jobs.toml
+  tether apply --json jobs.toml",
+    ),
     ("ps", "  tether ps\n  tether ps --all --json"),
     (
         "attach",

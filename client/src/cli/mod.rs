@@ -3,7 +3,7 @@
 //!
 //! * [`publish`], [`tail`], [`streams`], [`status`], [`metrics`], [`run`],
 //!   [`ps`], [`stop`], [`checkpoint`], [`rm`] (`rm`, `prune`, `streams
-//!   rm`): the commands.
+//!   rm`), [`apply`]: the commands.
 //! * [`dial_stdio`]: the bridge that `--host ssh://` runs on the remote
 //!   machine.
 //! * [`attach`]: `attach` and `run --attach`, following an execution until
@@ -17,6 +17,7 @@
 //! * [`shell`]: `completions` and `manpages`; [`examples`]: the examples
 //!   that end every command's `--help`.
 
+pub mod apply;
 pub mod attach;
 pub mod checkpoint;
 pub mod dial_stdio;
@@ -115,6 +116,9 @@ enum Command {
     Status,
     /// Start a supervised worker and print its execution id.
     Run(run::RunArgs),
+    /// Start the executions a TOML file declares, unless they exist;
+    /// list those whose spec differs (--replace starts them again).
+    Apply(apply::ApplyArgs),
     /// List supervised executions.
     Ps(ps::PsArgs),
     /// Stop an execution: SIGTERM, then SIGKILL after the timeout.
@@ -247,6 +251,7 @@ pub fn main() -> ExitCode {
             Command::Prune(args) => done(rm::prune(&context, args).await),
             Command::Status => done(status::run(&context).await),
             Command::Run(args) => run::run(&context, args).await,
+            Command::Apply(args) => apply::run(&context, args).await,
             Command::Ps(args) => done(ps::run(&context, args).await),
             Command::Stop(args) => done(stop::run(&context, args).await),
             Command::Resume(args) => done(resume::resume(&context, args).await),

@@ -159,7 +159,7 @@ pub async fn run(ctx: &Context, args: RunArgs) -> Result<u8> {
 /// lost after sending is reported rather than retried. A refusal of
 /// `RunFull` as unknown means nothing ran, so asking again with `Run` is
 /// safe.
-async fn submit(ctx: &Context, run: RunSpecFull) -> Result<String> {
+pub(super) async fn submit(ctx: &Context, run: RunSpecFull) -> Result<String> {
     let extras = run.id.is_some()
         || !run.labels.is_empty()
         || run.parent.is_some()
@@ -263,7 +263,7 @@ fn run_of(
 
 /// Refuses, before anything is sent, a run too large for the daemon to
 /// take: in practice a huge environment.
-fn check_size(spec: &RunSpec) -> Result<()> {
+pub(super) fn check_size(spec: &RunSpec) -> Result<()> {
     let (items, bytes) = spec.size();
     if items <= MAX_RUN_ITEMS && bytes <= MAX_RUN_BYTES {
         return Ok(());

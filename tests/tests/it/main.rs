@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod apply;
 mod attach_wait;
 mod bad_input;
 mod checkpoint_agent;
