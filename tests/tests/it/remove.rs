@@ -278,11 +278,13 @@ fn space_freed_by_rm_is_used_again() {
     }
     // Eight rounds wrote eight times the first one's bytes; with the space
     // of each removal used again, the files never hold much more than
-    // after the first (redb frees pages a commit or two later, and keeps
-    // some room reserved ahead, so the size moves a little).
+    // after the first. redb frees pages a commit or two later and keeps
+    // room reserved ahead, so a round may find the last one's pages not
+    // yet free: the bound allows two rounds' worth, a quarter of what
+    // eight rounds would take without reuse.
     let most = sizes.iter().copied().max().unwrap();
     assert!(
-        most <= sizes[0] + payload.len() as u64,
+        most <= sizes[0] + 2 * payload.len() as u64,
         "the store grew while writing the same again: {sizes:?}"
     );
 }
