@@ -577,9 +577,13 @@ fn run_full_response_fixtures() -> Vec<(Response, &'static str)> {
                 labels: vec![("k".into(), "v".into())],
                 parent: Some("p".into()),
                 children: vec!["c".into()],
+                max_restarts: Some(3),
+                deadline_ms: None,
+                stop_signal: Some("INT".into()),
+                max_failures_without_progress: None,
             }]),
-            "0000002e 21 01 02653101016e06000100000201020178010172000000 \
-             01014b 01012f 017d 018020 01016b0176 010170 010163",
+            "00000037 21 01 02653101016e06000100000201020178010172000000 \
+             01014b 01012f 017d 018020 01016b0176 010170 010163 0103 00 0103494e54 00",
         ),
         (Response::ExecutionsFullPart(vec![]), "00000002 22 00"),
     ]

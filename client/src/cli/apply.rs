@@ -31,11 +31,9 @@
 //! on this machine, so with `--host` give each `cwd` as the remote
 //! machine's absolute path.
 //!
-//! What is compared is what the daemon shows of a stored execution: `cmd`,
-//! `name`, `cwd`, `restart`, `labels` (as a set), `parent`, and `env` by
-//! its names only, as values are never shown. `max_restarts`, `deadline`,
-//! `stop_signal` and `max_failures_without_progress` are sent when
-//! starting but not compared, as the daemon does not show them.
+//! Every key is compared with what the daemon shows of the stored
+//! execution: `labels` as a set, `env` by its names only, as values are
+//! never shown, and `stop_signal` as written.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -178,6 +176,13 @@ fn differences(stored: &ExecutionDetail, declared: &RunSpecFull) -> Vec<&'static
         ("restart", stored.info.restart != spec.restart),
         ("labels", set(&stored.labels) != set(&declared.labels)),
         ("parent", stored.parent != declared.parent),
+        ("max_restarts", stored.max_restarts != spec.max_restarts),
+        ("deadline", stored.deadline_ms != spec.deadline_ms),
+        ("stop_signal", stored.stop_signal != declared.stop_signal),
+        (
+            "max_failures_without_progress",
+            stored.max_failures_without_progress != declared.max_failures_without_progress,
+        ),
     ];
     checks
         .into_iter()
@@ -457,6 +462,10 @@ max_failures_without_progress = 4
             labels: run.labels.iter().rev().cloned().collect(),
             parent: run.parent.clone(),
             children: Vec::new(),
+            max_restarts: run.spec.max_restarts,
+            deadline_ms: run.spec.deadline_ms,
+            stop_signal: run.stop_signal.clone(),
+            max_failures_without_progress: run.max_failures_without_progress,
         }
     }
 

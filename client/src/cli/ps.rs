@@ -194,6 +194,10 @@ pub(crate) mod tests {
             labels: Vec::new(),
             parent: None,
             children: Vec::new(),
+            max_restarts: None,
+            deadline_ms: None,
+            stop_signal: None,
+            max_failures_without_progress: None,
         }
     }
 

@@ -132,6 +132,10 @@ mod tests {
             labels: Vec::new(),
             parent: None,
             children: children.iter().map(|c| c.to_string()).collect(),
+            max_restarts: None,
+            deadline_ms: None,
+            stop_signal: None,
+            max_failures_without_progress: None,
         }
     }
 

@@ -348,6 +348,10 @@ pub async fn execution_details(connector: &Connector, all: bool) -> Result<Vec<E
                     labels: Vec::new(),
                     parent: None,
                     children: Vec::new(),
+                    max_restarts: None,
+                    deadline_ms: None,
+                    stop_signal: None,
+                    max_failures_without_progress: None,
                 })
                 .collect())
         }

@@ -367,6 +367,10 @@ impl Supervisor {
                     labels: m.setup.labels.clone(),
                     parent: m.setup.parent.clone(),
                     children: children.get(&m.id).cloned().unwrap_or_default(),
+                    max_restarts: m.spec.max_restarts,
+                    deadline_ms: m.spec.deadline_ms,
+                    stop_signal: m.setup.stop_signal.clone(),
+                    max_failures_without_progress: m.setup.max_failures_without_progress,
                 }
             })
             .collect()

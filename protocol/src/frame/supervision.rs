@@ -375,6 +375,14 @@ pub struct ExecutionDetail {
     pub parent: Option<String>,
     /// The executions started with this one as their parent, oldest first.
     pub children: Vec<String>,
+    /// `run --max-restarts`; `None` is unlimited.
+    pub max_restarts: Option<u32>,
+    /// `run --deadline`, in milliseconds.
+    pub deadline_ms: Option<u64>,
+    /// `run --stop-signal` as given; `None` is TERM.
+    pub stop_signal: Option<String>,
+    /// `run --max-failures-without-progress`; `None` is the daemon's.
+    pub max_failures_without_progress: Option<u32>,
 }
 
 /// Where and when a checkpoint was taken.
