@@ -490,6 +490,20 @@ max_failures_without_progress = 4
         other.labels.pop();
         other.parent = Some("p".into());
         assert_eq!(differences(&other, &run), ["name", "labels", "parent"]);
+        let mut other = stored(&run);
+        other.max_restarts = None;
+        other.deadline_ms = Some(1000);
+        other.stop_signal = Some("INT".into());
+        other.max_failures_without_progress = Some(9);
+        assert_eq!(
+            differences(&other, &run),
+            [
+                "max_restarts",
+                "deadline",
+                "stop_signal",
+                "max_failures_without_progress"
+            ]
+        );
     }
 
     #[test]
