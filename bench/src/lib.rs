@@ -57,6 +57,31 @@ impl Drop for Daemon {
     }
 }
 
+/// Runs a bench binary's `bench` on a current-thread runtime: exit 0 when
+/// it succeeds, else its error on stderr after `name` and exit 1.
+pub fn run_bench(
+    name: &str,
+    bench: impl std::future::Future<Output = Result<(), BoxError>>,
+) -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bench) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// `tetherd` from `--tetherd`, else next to this executable.
 pub fn tetherd_path(flag: Option<&Path>) -> Result<PathBuf, BoxError> {
     match flag {

@@ -17,7 +17,7 @@ use tether_protocol::{
     Capabilities, CheckpointSave, ExecState, Request, Response, RestartPolicy, RunSpec,
 };
 
-use tether_bench::{call, connect, percentile, tetherd_path, BoxError, Conn, Daemon};
+use tether_bench::{call, connect, percentile, run_bench, tetherd_path, BoxError, Conn, Daemon};
 
 /// Checkpoint save latency against a fresh tetherd.
 #[derive(Debug, Parser)]
@@ -45,24 +45,7 @@ struct Args {
 const IDLE_SHIM: &str = "#!/bin/sh\nexec sleep 60\n";
 
 fn main() -> std::process::ExitCode {
-    let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("checkpoint-latency: cannot start the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(bench(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("checkpoint-latency: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    run_bench("checkpoint-latency", bench(Args::parse()))
 }
 
 async fn bench(args: Args) -> Result<(), BoxError> {

@@ -14,7 +14,7 @@ use tether_protocol::parts::Joiner;
 use tether_protocol::{Append, Capabilities, FrameKind, Request, Response};
 
 use tether_bench::{
-    call, connect, cpu_seconds, next, percentile, tetherd_path, BoxError, Conn, Daemon,
+    call, connect, cpu_seconds, next, percentile, run_bench, tetherd_path, BoxError, Conn, Daemon,
 };
 
 /// The cost of a metrics scrape against a fresh tetherd.
@@ -36,24 +36,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("metrics-cost: cannot start the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(bench(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("metrics-cost: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    run_bench("metrics-cost", bench(Args::parse()))
 }
 
 async fn bench(args: Args) -> Result<(), BoxError> {
