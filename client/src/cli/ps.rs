@@ -185,20 +185,7 @@ pub(crate) mod tests {
     }
 
     fn detail(info: ExecutionInfo) -> ExecutionDetail {
-        ExecutionDetail {
-            info,
-            env_keys: Vec::new(),
-            cwd: None,
-            cpu_per_mille: None,
-            rss_bytes: None,
-            labels: Vec::new(),
-            parent: None,
-            children: Vec::new(),
-            max_restarts: None,
-            deadline_ms: None,
-            stop_signal: None,
-            max_failures_without_progress: None,
-        }
+        ExecutionDetail::from(info)
     }
 
     fn sample() -> Vec<ExecutionInfo> {

@@ -124,18 +124,8 @@ mod tests {
 
     fn detail(id: &str, children: &[&str]) -> ExecutionDetail {
         ExecutionDetail {
-            info: ps::tests::info(id, ExecState::Running),
-            env_keys: Vec::new(),
-            cwd: None,
-            cpu_per_mille: None,
-            rss_bytes: None,
-            labels: Vec::new(),
-            parent: None,
             children: children.iter().map(|c| c.to_string()).collect(),
-            max_restarts: None,
-            deadline_ms: None,
-            stop_signal: None,
-            max_failures_without_progress: None,
+            ..ExecutionDetail::from(ps::tests::info(id, ExecState::Running))
         }
     }
 

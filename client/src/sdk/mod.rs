@@ -339,20 +339,7 @@ pub async fn execution_details(connector: &Connector, all: bool) -> Result<Vec<E
             return Ok(executions(connector, all)
                 .await?
                 .into_iter()
-                .map(|info| ExecutionDetail {
-                    info,
-                    env_keys: Vec::new(),
-                    cwd: None,
-                    cpu_per_mille: None,
-                    rss_bytes: None,
-                    labels: Vec::new(),
-                    parent: None,
-                    children: Vec::new(),
-                    max_restarts: None,
-                    deadline_ms: None,
-                    stop_signal: None,
-                    max_failures_without_progress: None,
-                })
+                .map(ExecutionDetail::from)
                 .collect())
         }
         Err(e) => return Err(e),

@@ -385,6 +385,27 @@ pub struct ExecutionDetail {
     pub max_failures_without_progress: Option<u32>,
 }
 
+impl From<ExecutionInfo> for ExecutionDetail {
+    /// What an older daemon, which answers only [`ExecutionInfo`], tells
+    /// of an execution: nothing beyond it.
+    fn from(info: ExecutionInfo) -> Self {
+        Self {
+            info,
+            env_keys: Vec::new(),
+            cwd: None,
+            cpu_per_mille: None,
+            rss_bytes: None,
+            labels: Vec::new(),
+            parent: None,
+            children: Vec::new(),
+            max_restarts: None,
+            deadline_ms: None,
+            stop_signal: None,
+            max_failures_without_progress: None,
+        }
+    }
+}
+
 /// Where and when a checkpoint was taken.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CheckpointRef {
