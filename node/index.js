@@ -253,7 +253,7 @@ class Worker {
   }
 }
 
-const KINDS = ['data', 'stdout', 'stderr', 'event', 'user'];
+const KINDS = ['data', 'stdout', 'stderr', 'event', 'user', 'ask', 'answer'];
 
 /** One stored frame. */
 class Frame {

@@ -114,9 +114,9 @@ impl IngestAppend {
 pub fn validate(appends: &[IngestAppend]) -> Result<(), Error> {
     let mut previous: Option<&IngestAppend> = None;
     for a in appends {
-        if a.kind == FrameKind::Event {
+        if a.kind.is_reserved() {
             return Err(Error::ReservedKind {
-                kind: FrameKind::Event.as_str(),
+                kind: a.kind.as_str(),
             });
         }
         if previous.is_none_or(|p| p.stream != a.stream) {
@@ -953,8 +953,12 @@ mod tests {
         let err = validate(&[append(FrameKind::Data), append(FrameKind::Event)]).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "frames of kind event are written only by tetherd (lifecycle events); \
-             a worker's own events are kind user"
+            "frames of kind event are written only by tetherd (lifecycle events, \
+             questions and answers); a worker's own events are kind user"
         );
+        let err = validate(&[append(FrameKind::Answer)]).unwrap_err();
+        assert!(err
+            .to_string()
+            .starts_with("frames of kind answer are written only"));
     }
 }

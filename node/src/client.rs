@@ -351,6 +351,8 @@ fn kind_index(kind: FrameKind) -> u8 {
         FrameKind::Stderr => 2,
         FrameKind::Event => 3,
         FrameKind::User => 4,
+        FrameKind::Ask => 5,
+        FrameKind::Answer => 6,
     }
 }
 

@@ -51,8 +51,8 @@ pub enum Error {
 
     /// An append of a kind only the daemon writes.
     #[error(
-        "frames of kind {kind} are written only by tetherd (lifecycle events); \
-         a worker's own events are kind user"
+        "frames of kind {kind} are written only by tetherd (lifecycle events, \
+         questions and answers); a worker's own events are kind user"
     )]
     ReservedKind { kind: &'static str },
 

@@ -477,6 +477,9 @@ fn the_type_tables_list_every_field_and_variant_in_wire_order() {
             "CheckpointEntry" => fields::<CheckpointEntry>(),
             "StepInfo" => fields::<StepInfo>(),
             "ExecutionDetail" => fields::<tether_protocol::ExecutionDetail>(),
+            "QuestionInfo" => fields::<tether_protocol::QuestionInfo>(),
+            "QuestionOutcome" => fields::<tether_protocol::QuestionOutcome>(),
+            "InboxMessage" => fields::<tether_protocol::InboxMessage>(),
             other => {
                 failures.push(format!("type {other} is not known to this test"));
                 continue;
@@ -497,6 +500,7 @@ fn the_type_tables_list_every_field_and_variant_in_wire_order() {
             "RestartPolicy" => variants::<RestartPolicy>(),
             "ExecState" => variants::<ExecState>(),
             "ExitStatus" => variants::<ExitStatus>(),
+            "Answerer" => variants::<tether_protocol::Answerer>(),
             other => {
                 failures.push(format!("enum {other} is not known to this test"));
                 continue;

@@ -176,8 +176,8 @@ def test_events_are_kind_user_and_the_daemons_kind_is_refused(daemon, tmp_path):
         """,
     )
     assert got == repr(
-        "frames of kind event are written only by tetherd (lifecycle events); "
-        "a worker's own events are kind user (invalid_request)"
+        "frames of kind event are written only by tetherd (lifecycle events, "
+        "questions and answers); a worker's own events are kind user (invalid_request)"
     ) + "\n"
     execution = daemon.client().ps(all=True)[0]["id"]
     kinds = [(f.kind, f.text) for f in daemon.client().tail(execution) if f.kind != "event"]

@@ -261,7 +261,11 @@ fn settled(state: ExecState, repeated: bool) -> bool {
     match state {
         ExecState::Completed | ExecState::Cancelled => true,
         ExecState::Failed | ExecState::Lost => repeated,
-        ExecState::Pending | ExecState::Starting | ExecState::Running | ExecState::Backoff => false,
+        ExecState::Pending
+        | ExecState::Starting
+        | ExecState::Running
+        | ExecState::Waiting
+        | ExecState::Backoff => false,
     }
 }
 

@@ -164,6 +164,16 @@ impl Session {
                 ErrorCode::HELLO_REQUIRED,
                 "Hello was already received on this connection",
             )),
+            Request::Ask(_)
+            | Request::AwaitAnswer { .. }
+            | Request::Answer(_)
+            | Request::ListQuestions { .. }
+            | Request::Send { .. }
+            | Request::Recv { .. }
+            | Request::Dequeue { .. } => Err(Refusal::new(
+                ErrorCode::INVALID_REQUEST,
+                "questions and inboxes are not served by this daemon yet",
+            )),
             Request::Subscribe(subscribe) => self.open_subscription(subscribe).await,
             Request::DurableResume(resume) => self.resume_subscription(resume).await,
             Request::ListStreams => {

@@ -11,11 +11,13 @@
 //! connection after sending it.
 
 mod checkpoint;
+mod gates;
 mod request;
 mod response;
 mod supervision;
 
 pub use checkpoint::*;
+pub use gates::*;
 pub use request::*;
 pub use response::*;
 pub use supervision::*;
@@ -74,6 +76,14 @@ pub enum FrameKind {
     Event,
     /// An event a worker wrote through an SDK (`w.event`), a JSON payload.
     User,
+    /// A question was asked (`tether ask`): a JSON object with the
+    /// question's id, text, choices, key, default and timeout. The
+    /// daemon's alone, as `Event` is.
+    Ask,
+    /// A question was closed (`tether answer`, or its timeout): a JSON
+    /// object with the question's id, the answer and who gave it. The
+    /// daemon's alone.
+    Answer,
 }
 
 impl FrameKind {
@@ -85,7 +95,15 @@ impl FrameKind {
             FrameKind::Stderr => "stderr",
             FrameKind::Event => "event",
             FrameKind::User => "user",
+            FrameKind::Ask => "ask",
+            FrameKind::Answer => "answer",
         }
+    }
+
+    /// True for the kinds only the daemon writes (`event`, `ask`,
+    /// `answer`): an append of one is refused.
+    pub fn is_reserved(self) -> bool {
+        matches!(self, FrameKind::Event | FrameKind::Ask | FrameKind::Answer)
     }
 
     /// The kind [`FrameKind::as_str`] spells `name`, if any.
@@ -96,6 +114,8 @@ impl FrameKind {
             Self::Stderr,
             Self::Event,
             Self::User,
+            Self::Ask,
+            Self::Answer,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == name)
@@ -157,12 +177,12 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 35;
+    const KINDS: u32 = 42;
 }
 
 impl Message for Response {
     const NAME: &'static str = "response";
-    const KINDS: u32 = 39;
+    const KINDS: u32 = 45;
 }
 
 /// Checks a stream, producer or consumer name: 1 to [`MAX_NAME_LEN`] bytes,

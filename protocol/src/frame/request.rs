@@ -165,6 +165,56 @@ pub enum Request {
     /// a live execution is refused (`invalid_request`, nothing removed).
     /// Answered with [`Response::Removed`]: the names.
     RemoveStreams { names: Vec<String> },
+    // Human gates and inboxes (`tether ask`, `answer`, `questions`,
+    // `send`, `recv`).
+    /// Ask a question for an execution, or find the one already recorded
+    /// under the same key (or for the same nonce). Answered at once with
+    /// [`Response::Question`]: open (the asker then sends
+    /// [`Request::AwaitAnswer`]) or already closed. A new question is
+    /// recorded with its `ask` frame, and a running execution becomes
+    /// `waiting`, in one commit. `invalid_request` for an ended
+    /// execution, a default outside the choices, or text too long.
+    Ask(AskSpec),
+    /// Wait up to `wait_ms` for question `question` to close. Answered
+    /// with [`Response::Question`] when it closes (at once if it is
+    /// closed), or when the wait is over with its outcome still `None`.
+    AwaitAnswer { question: u64, wait_ms: u64 },
+    /// Answer a question; the first answer wins. Answered with
+    /// [`Response::Question`], closed, once the answer and its `answer`
+    /// frame are durable. `already_answered` naming the standing answer;
+    /// `invalid_answer` outside the choices, or without a question id
+    /// while several are open (naming them); `not_found` when the
+    /// execution has no such (or no open) question.
+    Answer(AnswerSpec),
+    /// List questions: the open ones, or all with `all`, of one execution
+    /// when `execution` is given, with ids above `after`, in id order.
+    /// When there are none and `wait_ms` is not 0, wait that long for one
+    /// to be asked (`tether questions --follow`). Answered with
+    /// [`Response::Questions`], after [`Response::QuestionsPart`]s when
+    /// the list does not fit in one message.
+    ListQuestions {
+        all: bool,
+        execution: Option<String>,
+        after: u64,
+        wait_ms: u64,
+    },
+    /// Queue a message in an execution's inbox. Answered with
+    /// [`Response::Queued`] once it is durable; `invalid_request` when the
+    /// inbox is full or the execution has ended.
+    Send { execution: String, message: Bytes },
+    /// The oldest messages in an execution's inbox, at most `max` of them
+    /// (fewer when they would not fit in one message), without removing
+    /// them; when it is empty, wait up to `wait_ms` for one. Answered
+    /// with [`Response::Messages`] (empty when the wait ran out).
+    Recv {
+        execution: String,
+        max: u32,
+        wait_ms: u64,
+    },
+    /// The receiver has shown every message of the execution's inbox up
+    /// to and including id `through`: remove them. Answered with
+    /// [`Response::Dequeued`] once that is durable.
+    Dequeue { execution: String, through: u64 },
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
@@ -212,6 +262,13 @@ impl Request {
             Request::Remove { .. } => 32,
             Request::Prune { .. } => 33,
             Request::RemoveStreams { .. } => 34,
+            Request::Ask(_) => 35,
+            Request::AwaitAnswer { .. } => 36,
+            Request::Answer(_) => 37,
+            Request::ListQuestions { .. } => 38,
+            Request::Send { .. } => 39,
+            Request::Recv { .. } => 40,
+            Request::Dequeue { .. } => 41,
         }
     }
 
@@ -255,6 +312,13 @@ impl Request {
             "Remove",
             "Prune",
             "RemoveStreams",
+            "Ask",
+            "AwaitAnswer",
+            "Answer",
+            "ListQuestions",
+            "Send",
+            "Recv",
+            "Dequeue",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -297,6 +361,13 @@ impl Request {
             Request::Remove { .. } => "Remove",
             Request::Prune { .. } => "Prune",
             Request::RemoveStreams { .. } => "RemoveStreams",
+            Request::Ask(_) => "Ask",
+            Request::AwaitAnswer { .. } => "AwaitAnswer",
+            Request::Answer(_) => "Answer",
+            Request::ListQuestions { .. } => "ListQuestions",
+            Request::Send { .. } => "Send",
+            Request::Recv { .. } => "Recv",
+            Request::Dequeue { .. } => "Dequeue",
         }
     }
 }

@@ -114,6 +114,20 @@ pub enum Response {
     /// Answer to [`Request::Remove`], [`Request::Prune`] and
     /// [`Request::RemoveStreams`]: the ids or names removed.
     Removed(Vec<String>),
+    /// Answer to [`Request::Ask`], [`Request::AwaitAnswer`] and
+    /// [`Request::Answer`]: the question as it stands.
+    Question(QuestionInfo),
+    /// Answer to [`Request::ListQuestions`], in id order.
+    Questions(Vec<QuestionInfo>),
+    /// A leading part of the answer to [`Request::ListQuestions`]; see
+    /// [`Response::StreamsPart`].
+    QuestionsPart(Vec<QuestionInfo>),
+    /// Answer to [`Request::Send`]: the message's id.
+    Queued { id: u64 },
+    /// Answer to [`Request::Recv`], oldest first.
+    Messages(Vec<InboxMessage>),
+    /// Answer to [`Request::Dequeue`]: how many messages were removed.
+    Dequeued(u64),
 }
 
 impl Response {
@@ -164,6 +178,12 @@ impl Response {
             Response::MetricsPart(_) => "MetricsPart",
             Response::FlushOutput { .. } => "FlushOutput",
             Response::Removed(_) => "Removed",
+            Response::Question(_) => "Question",
+            Response::Questions(_) => "Questions",
+            Response::QuestionsPart(_) => "QuestionsPart",
+            Response::Queued { .. } => "Queued",
+            Response::Messages(_) => "Messages",
+            Response::Dequeued(_) => "Dequeued",
         }
     }
 }
@@ -252,6 +272,12 @@ impl ErrorCode {
     pub const PERMISSION_DENIED: Self = Self(11);
     /// A bug in the daemon. The request was not carried out.
     pub const INTERNAL: Self = Self(12);
+    /// The question already has an answer; the message names it and who
+    /// gave it. The first answer wins.
+    pub const ALREADY_ANSWERED: Self = Self(13);
+    /// An answer outside the question's choices, or an answer without a
+    /// question id while several are open (the message lists them).
+    pub const INVALID_ANSWER: Self = Self(14);
 
     /// A stable lowercase name for logs and JSON output.
     pub fn name(self) -> &'static str {
@@ -268,6 +294,8 @@ impl ErrorCode {
             Self::SHUTTING_DOWN => "shutting_down",
             Self::PERMISSION_DENIED => "permission_denied",
             Self::INTERNAL => "internal",
+            Self::ALREADY_ANSWERED => "already_answered",
+            Self::INVALID_ANSWER => "invalid_answer",
             _ => "unknown",
         }
     }

@@ -217,6 +217,9 @@ pub enum ExecState {
     Cancelled,
     /// The shim vanished without reporting the worker's exit.
     Lost,
+    /// Running, with a question of the current attempt open (`tether
+    /// ask`); back to running once it is answered or times out.
+    Waiting,
 }
 
 impl ExecState {
@@ -231,6 +234,7 @@ impl ExecState {
             ExecState::Failed => "failed",
             ExecState::Cancelled => "cancelled",
             ExecState::Lost => "lost",
+            ExecState::Waiting => "waiting",
         }
     }
 
