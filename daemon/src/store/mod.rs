@@ -114,6 +114,7 @@ mod backup;
 pub mod check;
 mod chunk;
 mod compaction;
+mod gates;
 mod overlay;
 mod read;
 mod recovery;
@@ -128,6 +129,7 @@ mod verify;
 
 pub use chunk::{FrameSink, StoredFrame};
 pub use compaction::{Deleted, FrameInfo};
+pub use gates::GatesSnapshot;
 pub use read::{ReadChunk, ReadLimits, Snapshot};
 pub use schema::{ProducerState, StreamMeta, SCHEMA_VERSION};
 #[cfg(feature = "test-hooks")]

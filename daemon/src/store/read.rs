@@ -79,7 +79,7 @@ impl Store {
 
     /// Maps a redb failure met while reading, and marks the handle for
     /// reopening when redb will refuse further work on it.
-    fn fail(&self, e: impl Into<redb::Error>) -> Error {
+    pub(super) fn fail(&self, e: impl Into<redb::Error>) -> Error {
         let e: redb::Error = e.into();
         if matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo) {
             self.needs_reopen.store(true, Ordering::Release);
@@ -89,7 +89,7 @@ impl Store {
 
     /// Runs `read` in a read transaction of its own (see [`Store::reading`]
     /// for the retry after a failed handle).
-    fn read_in<T>(&self, read: impl Fn(&ReadTransaction) -> Result<T>) -> Result<T> {
+    pub(super) fn read_in<T>(&self, read: impl Fn(&ReadTransaction) -> Result<T>) -> Result<T> {
         self.reading(|| {
             let guard = self.handle()?;
             let txn = guard_db(&guard)?.begin_read().map_err(|e| self.fail(e))?;
@@ -98,7 +98,7 @@ impl Store {
     }
 
     /// Shows `each` every row of `table`, in key order, until it fails.
-    fn each_row<K: Key + 'static, V: Value + 'static>(
+    pub(super) fn each_row<K: Key + 'static, V: Value + 'static>(
         &self,
         txn: &ReadTransaction,
         table: TableDefinition<'_, K, V>,

@@ -25,8 +25,9 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use super::backup::{copy_aside, create_private_dir, io_error, sync_dir, write_synced};
 use super::chunk::{chunk_bytes, ChunkIter};
 use super::schema::{
-    StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, LOST, META, META_NEXT_STREAM_ID,
-    PRODUCERS, STEPS, STEP_TIMES, STREAMS, TOMBSTONES,
+    StreamMeta, CHECKPOINTS, CHUNKS, CONSUMERS, EXECUTIONS, INBOX, LOST, META,
+    META_NEXT_MESSAGE_ID, META_NEXT_QUESTION_ID, META_NEXT_STREAM_ID, PRODUCERS, QUESTIONS, STEPS,
+    STEP_TIMES, STREAMS, TOMBSTONES,
 };
 use super::txn::commit;
 use super::verify::{read_marks, LogMarks};
@@ -383,9 +384,13 @@ impl<'s> Build<'s> {
             build.consumers.insert((id, name.to_owned()), acked);
         });
         let mut next = None;
+        let mut counters = Vec::new();
         self.read_table(&txn, META, "meta", |_, key, value| {
             if key == META_NEXT_STREAM_ID {
                 next = Some(value);
+            }
+            if key == META_NEXT_QUESTION_ID || key == META_NEXT_MESSAGE_ID {
+                counters.push((key.to_owned(), value));
             }
         });
         self.next_stream_id = self.next_stream_id.max(next.unwrap_or(1));
@@ -406,6 +411,15 @@ impl<'s> Build<'s> {
         let mut step_times = Vec::new();
         self.read_table(&txn, STEP_TIMES, "step times", |_, (id, step), ts| {
             step_times.push((id.to_owned(), step.to_owned(), ts));
+        });
+        // Questions and inboxes, whole.
+        let mut questions = Vec::new();
+        self.read_table(&txn, QUESTIONS, "questions", |_, (id, n), record| {
+            questions.push((id.to_owned(), n, record.to_vec()));
+        });
+        let mut inbox = Vec::new();
+        self.read_table(&txn, INBOX, "inbox", |_, (id, n), message| {
+            inbox.push((id.to_owned(), n, message.to_vec()));
         });
         // Removed streams' last seqs: a stream created again goes on
         // above them after the repair too.
@@ -441,6 +455,22 @@ impl<'s> Build<'s> {
                 table
                     .insert((id.as_str(), step.as_str()), *ts)
                     .map_err(storage)?;
+            }
+            let mut table = txn.open_table(QUESTIONS).map_err(storage)?;
+            for (id, n, record) in &questions {
+                table
+                    .insert((id.as_str(), *n), record.as_slice())
+                    .map_err(storage)?;
+            }
+            let mut table = txn.open_table(INBOX).map_err(storage)?;
+            for (id, n, message) in &inbox {
+                table
+                    .insert((id.as_str(), *n), message.as_slice())
+                    .map_err(storage)?;
+            }
+            let mut table = txn.open_table(META).map_err(storage)?;
+            for (key, value) in &counters {
+                table.insert(key.as_str(), *value).map_err(storage)?;
             }
             Ok(())
         })
@@ -609,7 +639,12 @@ impl<'s> Build<'s> {
                 op @ (Op::Checkpoint { .. }
                 | Op::RemoveCheckpointsBelow { .. }
                 | Op::Step { .. }
-                | Op::ClearStep { .. }) => {
+                | Op::ClearStep { .. }
+                | Op::Question { .. }
+                | Op::NextQuestionId(_)
+                | Op::InboxPut { .. }
+                | Op::InboxRemoveThrough { .. }
+                | Op::NextMessageId(_)) => {
                     if let Some(change) = Change::of_execution_op(op) {
                         self.push(change)?;
                     }

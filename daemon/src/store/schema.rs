@@ -16,8 +16,9 @@ use crate::{Error, Result};
 /// version outside [`OLDEST_SCHEMA_VERSION`]`..=`this is refused rather
 /// than misread. Version 4: the log describes checkpoints and step
 /// results (see [`crate::wal::Op`]), which a build reading version 3
-/// could not decode in a replay.
-pub const SCHEMA_VERSION: u64 = 4;
+/// could not decode in a replay. Version 5: questions and inboxes, and
+/// the log's ops for them.
+pub const SCHEMA_VERSION: u64 = 5;
 
 /// The oldest layout version this build reads: 2, frames in chunks.
 const OLDEST_SCHEMA_VERSION: u64 = 2;
@@ -52,6 +53,14 @@ pub(super) const LOST: TableDefinition<'_, (u64, u64), u64> = TableDefinition::n
 /// Written only by durable commits (see `WriteTxn::remove_stream`).
 pub(super) const TOMBSTONES: TableDefinition<'_, &str, u64> = TableDefinition::new("tombstones");
 
+/// Questions (`tether ask`), by (execution id, question id): an encoded
+/// [`QuestionRecord`](crate::gates::QuestionRecord). Version 5.
+pub(super) const QUESTIONS: TableDefinition<'_, (&str, u64), &[u8]> =
+    TableDefinition::new("questions");
+/// Inbox messages (`tether send`), by (execution id, message id): an
+/// encoded [`InboxMessage`](tether_protocol::InboxMessage). Version 5.
+pub(super) const INBOX: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("inbox");
+
 pub(super) const META_SCHEMA_VERSION: &str = "schema_version";
 pub(super) const META_NEXT_STREAM_ID: &str = "next_stream_id";
 /// The number of the last write-ahead log record this state includes (see
@@ -64,6 +73,10 @@ pub(super) const META_WAL_RESUME: &str = "wal_resume";
 /// Wrapping: the oldest position in the log of a chunk it keeps for
 /// the store, as of the last durable commit.
 pub(super) const META_WAL_TAIL: &str = "wal_tail";
+/// The id the next question gets (ids are never reused).
+pub(super) const META_NEXT_QUESTION_ID: &str = "next_question_id";
+/// The id the next inbox message gets (ids are never reused).
+pub(super) const META_NEXT_MESSAGE_ID: &str = "next_message_id";
 /// Wrapping: the log's capacity, which its positions are counted in
 /// (kept while the log wraps, whatever the setting says).
 pub(super) const META_WAL_CAPACITY: &str = "wal_capacity";
@@ -137,6 +150,8 @@ impl Store {
             txn.open_table(CHECKPOINTS).map_err(storage)?;
             txn.open_table(STEPS).map_err(storage)?;
             txn.open_table(TOMBSTONES).map_err(storage)?;
+            txn.open_table(QUESTIONS).map_err(storage)?;
+            txn.open_table(INBOX).map_err(storage)?;
             let mut meta = txn.open_table(META).map_err(storage)?;
             let version = meta
                 .get(META_SCHEMA_VERSION)
@@ -232,7 +247,7 @@ mod tests {
         let store = Store::open_with_log(&path, SMALL_LOG).unwrap();
         store.close().unwrap();
         drop(store);
-        for version in [1, 5] {
+        for version in [1, 6] {
             store_version(&path, version);
             let err = Store::open_with_log(&path, SMALL_LOG).unwrap_err();
             let text = err.to_string();
@@ -241,7 +256,7 @@ mod tests {
                 text.contains(&format!("schema version {version};")),
                 "{text}"
             );
-            assert!(text.contains("reads versions 2 to 4"), "{text}");
+            assert!(text.contains("reads versions 2 to 5"), "{text}");
             assert_eq!(stored_version(&path), version, "nothing committed");
         }
     }

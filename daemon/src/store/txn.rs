@@ -17,7 +17,7 @@ use super::schema::{
     META_NEXT_STREAM_ID, META_WAL_APPLIED, META_WAL_CAPACITY, META_WAL_RESUME, META_WAL_TAIL,
     PRODUCERS, STEPS, STEP_TIMES, STREAMS,
 };
-use super::schema::{LOST, TOMBSTONES};
+use super::schema::{INBOX, LOST, QUESTIONS, TOMBSTONES};
 use super::storage;
 use crate::syncer::Durable;
 use crate::wal::{self, Layout, LogReader, Op, RawBytes, RecordBuf, Wal};
@@ -52,6 +52,8 @@ pub struct WriteTxn<'t> {
     step_times: LazyTable<'t, (&'static str, &'static str), u64>,
     tombstones: LazyTable<'t, &'static str, u64>,
     lost: LazyTable<'t, (u64, u64), u64>,
+    pub(super) questions: LazyTable<'t, (&'static str, u64), &'static [u8]>,
+    pub(super) inbox: LazyTable<'t, (&'static str, u64), &'static [u8]>,
     /// Reused encoding buffer, so that appending a frame does not allocate.
     scratch: Vec<u8>,
     /// The log record describing this transaction, when it is to be
@@ -273,6 +275,11 @@ impl WriteTxn<'_> {
             Op::ClearStep { execution, step } => {
                 return self.remove_step(execution, step).map(drop)
             }
+            op @ (Op::Question { .. }
+            | Op::NextQuestionId(_)
+            | Op::InboxPut { .. }
+            | Op::InboxRemoveThrough { .. }
+            | Op::NextMessageId(_)) => return self.apply_gate_op(&op).map(drop),
         }
         .map_err(storage)
     }
@@ -484,8 +491,9 @@ impl WriteTxn<'_> {
         Ok(())
     }
 
-    /// Removes an execution's manifest, checkpoints and step results
-    /// (its stream is removed apart, by [`WriteTxn::remove_stream`]).
+    /// Removes an execution's manifest, checkpoints, step results,
+    /// questions and inbox (its stream is removed apart, by
+    /// [`WriteTxn::remove_stream`]).
     /// Durable in the store, as that is. Returns whether it had a manifest.
     pub fn remove_execution(&mut self, id: &str) -> Result<bool> {
         self.unlogged = true;
@@ -500,6 +508,7 @@ impl WriteTxn<'_> {
             .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)
             .map_err(storage)?;
         self.clear_steps(id, None)?;
+        self.remove_gates_of(id)?;
         Ok(had)
     }
 
@@ -562,6 +571,8 @@ pub(super) fn tables<'t>(
         step_times: LazyTable::new(txn, STEP_TIMES),
         tombstones: LazyTable::new(txn, TOMBSTONES),
         lost: LazyTable::new(txn, LOST),
+        questions: LazyTable::new(txn, QUESTIONS),
+        inbox: LazyTable::new(txn, INBOX),
         scratch: Vec::new(),
         record,
         unlogged: false,

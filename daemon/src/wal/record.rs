@@ -55,6 +55,28 @@ pub enum Op<'a> {
     },
     /// A durable step's result forgotten.
     ClearStep { execution: &'a str, step: &'a str },
+    /// A question, as stored (an encoded
+    /// [`QuestionRecord`](crate::gates::QuestionRecord)): asked, or
+    /// closed. Added in store version 5, as are the ops after it.
+    Question {
+        execution: &'a str,
+        id: u64,
+        record: RawBytes<'a>,
+    },
+    /// The id the next question gets.
+    NextQuestionId(u64),
+    /// A message queued in an execution's inbox, as stored (an encoded
+    /// [`InboxMessage`](tether_protocol::InboxMessage)).
+    InboxPut {
+        execution: &'a str,
+        id: u64,
+        message: RawBytes<'a>,
+    },
+    /// Every message of an execution's inbox with an id up to `through`
+    /// removed.
+    InboxRemoveThrough { execution: &'a str, through: u64 },
+    /// The id the next inbox message gets.
+    NextMessageId(u64),
 }
 
 /// Bytes written by postcard as one length-prefixed run, not as a sequence
@@ -203,16 +225,32 @@ mod tests {
                 execution: "e",
                 step: "fetch",
             },
+            Op::Question {
+                execution: "e",
+                id: 1,
+                record: RawBytes(b"q"),
+            },
+            Op::NextQuestionId(2),
+            Op::InboxPut {
+                execution: "e",
+                id: 7,
+                message: RawBytes(b"m"),
+            },
+            Op::InboxRemoveThrough {
+                execution: "e",
+                through: 7,
+            },
+            Op::NextMessageId(8),
         ];
         let r = record(&all);
         let decoded: Vec<Op<'_>> = ops(&r.bytes[HEADER_LEN..]).collect::<Result<_>>().unwrap();
         assert_eq!(decoded, all);
         // An op's variant index is its first byte on disk: the ops of
-        // version 4 come after every older one, which keep theirs.
+        // versions 4 and 5 come after every older one, which keep theirs.
         let tags: Vec<u8> = all
             .iter()
             .map(|op| postcard::to_allocvec(op).unwrap()[0])
             .collect();
-        assert_eq!(tags, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(tags, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
     }
 }
