@@ -94,6 +94,21 @@ pub enum Error {
     #[error("{0}")]
     CheckpointNotFound(String),
 
+    /// No such question, or no open one where one was needed: its words
+    /// alone.
+    #[error("{0}")]
+    QuestionNotFound(String),
+
+    /// The question already has an answer (the first one wins): the
+    /// message names it and who gave it.
+    #[error("{0}")]
+    AlreadyAnswered(String),
+
+    /// An answer outside the question's choices, or one that does not say
+    /// which of several open questions it answers: its words alone.
+    #[error("{0}")]
+    InvalidAnswer(String),
+
     /// A state change the execution state machine does not allow. It is
     /// refused (never applied): it means the daemon has a bug.
     #[error("illegal transition of execution {execution}: {from} -> {to}")]
@@ -227,7 +242,10 @@ impl Error {
             | Error::Io { .. } => ErrorCode::STORAGE,
             Error::StreamNotFound(_)
             | Error::ExecutionNotFound(_)
-            | Error::CheckpointNotFound(_) => ErrorCode::NOT_FOUND,
+            | Error::CheckpointNotFound(_)
+            | Error::QuestionNotFound(_) => ErrorCode::NOT_FOUND,
+            Error::AlreadyAnswered(_) => ErrorCode::ALREADY_ANSWERED,
+            Error::InvalidAnswer(_) => ErrorCode::INVALID_ANSWER,
             Error::IllegalTransition { .. } => ErrorCode::INTERNAL,
             Error::InvalidRequest(_) => ErrorCode::INVALID_REQUEST,
             Error::ShuttingDown => ErrorCode::SHUTTING_DOWN,

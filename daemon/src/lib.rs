@@ -40,6 +40,7 @@ pub mod connection;
 pub mod degraded;
 pub mod engine;
 pub mod error;
+pub mod gates;
 pub mod hub;
 pub mod ingest;
 pub mod lock;

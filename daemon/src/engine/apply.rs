@@ -63,7 +63,7 @@ impl Staged {
     }
 
     /// The frames of `stream` staged for publication after the commit.
-    fn frames_of(&mut self, stream: &str) -> &mut Vec<(u64, Frame)> {
+    pub(super) fn frames_of(&mut self, stream: &str) -> &mut Vec<(u64, Frame)> {
         // Looked up before any `entry`, which would copy the name.
         if !self.streams.contains_key(stream) {
             self.streams.insert(stream.to_owned(), Vec::new());
@@ -126,6 +126,7 @@ impl Writer {
                 executions,
                 streams,
             } => self.apply_remove(txn, executions, streams, staged),
+            Request::Gate(change) => self.apply_gate(txn, change, ts, staged),
             // Separated out by `process`; never part of a transaction.
             Request::Compact | Request::SetRetention(_) => Ok(Ok(Outcome::Done)),
         }
@@ -646,7 +647,7 @@ fn forget_resumed(
 
 /// Stores `frame` as the next seq of `stream` (named `name`), updates the
 /// cached metadata and stages the frame for publication after the commit.
-fn put_new_frame(
+pub(super) fn put_new_frame(
     txn: &mut WriteTxn<'_>,
     stream: &mut StreamState,
     frame: Frame,

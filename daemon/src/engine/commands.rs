@@ -63,6 +63,8 @@ pub(super) enum Request {
         executions: Vec<String>,
         streams: Vec<String>,
     },
+    /// A question recorded or closed, or an inbox changed.
+    Gate(super::gates::GateChange),
     Compact,
     /// Handled by the writer without a transaction.
     SetRetention(Retention),
@@ -89,6 +91,7 @@ impl Request {
                 executions,
                 streams,
             } => (executions.len() + streams.len(), 0),
+            Request::Gate(change) => change.weight(),
             Request::Compact | Request::SetRetention(_) => (0, 0),
         }
     }
@@ -105,6 +108,7 @@ pub(super) enum Reply {
     Cleared(oneshot::Sender<Result<u64>>),
     Removed(oneshot::Sender<Result<Removed>>),
     Compact(oneshot::Sender<Result<()>>),
+    Gate(oneshot::Sender<Result<super::gates::GateOutcome>>),
 }
 
 /// What a removal found and removed.
@@ -139,6 +143,8 @@ pub(super) enum Outcome {
     Cleared(u64),
     /// What a removal found.
     Removed(Removed),
+    /// A question or an inbox changed.
+    Gate(super::gates::GateOutcome),
     /// An ack or a compaction finished.
     Done,
 }
@@ -169,6 +175,9 @@ impl Reply {
             (Reply::Removed(tx), Ok(Outcome::Removed(removed))) => {
                 let _ = tx.send(Ok(removed));
             }
+            (Reply::Gate(tx), Ok(Outcome::Gate(outcome))) => {
+                let _ = tx.send(Ok(outcome));
+            }
             (Reply::Ack(tx) | Reply::Compact(tx), Ok(Outcome::Done)) => {
                 let _ = tx.send(Ok(()));
             }
@@ -190,6 +199,7 @@ impl Reply {
             Reply::Cleared(tx) => tx.send(Err(e)).is_ok(),
             Reply::Removed(tx) => tx.send(Err(e)).is_ok(),
             Reply::Ack(tx) | Reply::Compact(tx) => tx.send(Err(e)).is_ok(),
+            Reply::Gate(tx) => tx.send(Err(e)).is_ok(),
         };
     }
 }

@@ -30,6 +30,7 @@ mod cache;
 mod commands;
 mod compaction;
 mod faults;
+mod gates;
 mod log_to_store;
 mod writer;
 
@@ -59,6 +60,7 @@ use crate::{Error, Result};
 
 use cache::State;
 pub use commands::Removed;
+pub use gates::{GateChange, GateOutcome};
 use commands::{Command, Reply, Request};
 use writer::{spawn_writer, Writer};
 
@@ -158,6 +160,8 @@ struct Inner {
     /// Whether the store can be written (see [`crate::degraded`]).
     health: StorageHealth,
     metrics: Arc<Metrics>,
+    /// Questions and inbox counts (see [`crate::gates`]).
+    gates: crate::gates::Gates,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -178,6 +182,7 @@ impl Queue {
         )?);
         let snapshot = store.load()?;
         let checkpoint_refs = Arc::new(Mutex::new(newest_valid_checkpoints(&store)?));
+        let gates = crate::gates::Gates::load(store.load_gates()?);
         let hub = Arc::new(Hub::new(FollowerBudget::default()));
         let health = StorageHealth::default();
         let metrics = opts.metrics.clone();
@@ -223,6 +228,7 @@ impl Queue {
                 in_flight: Arc::new(Semaphore::new(IN_FLIGHT_BUDGET)),
                 health,
                 metrics,
+                gates,
             }),
         })
     }
@@ -433,7 +439,10 @@ impl Queue {
             executions,
             streams,
         };
-        self.call(request, Reply::Removed).await
+        let removed = self.call(request, Reply::Removed).await?;
+        // Their questions and inboxes went in the same commit.
+        self.inner.gates.forget(&removed.executions);
+        Ok(removed)
     }
 
     /// [`Queue::read`] of checkpoints or step results, answered once what
