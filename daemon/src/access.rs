@@ -7,7 +7,9 @@
 //! * the daemon's own user and root may do everything;
 //! * members of the configured readers group (`[access] readers`) may only
 //!   read: tail streams without a durable consumer, list streams and
-//!   executions, see the status, list and load checkpoints;
+//!   executions, see the status, list and load checkpoints, list questions;
+//! * members of any answerers group (`[access] answerers`) may read as
+//!   readers do, and answer questions (`tether answer`);
 //! * anyone else is refused.
 //!
 //! Group membership is the peer's primary gid, or its user name listed as a
@@ -45,6 +47,8 @@ pub enum Access {
     Full,
     /// Reading only: members of the readers group.
     ReadOnly,
+    /// Reading, and answering questions: members of an answerers group.
+    Answerer,
     /// Nothing: the connection is refused at once, before its Hello.
     Denied,
 }
@@ -56,6 +60,8 @@ pub struct Policy {
     pub owner: u32,
     /// The readers group's name or numeric gid, if one is configured.
     pub readers: Option<String>,
+    /// The answerers groups' names or numeric gids.
+    pub answerers: Vec<String>,
 }
 
 /// A judged peer: who it is and what it may do.
@@ -96,7 +102,14 @@ impl Policy {
         Self {
             owner: tether_protocol::paths::current_uid(),
             readers,
+            answerers: Vec::new(),
         }
+    }
+
+    /// This policy with the answerers groups (`[access] answerers`).
+    pub fn with_answerers(mut self, answerers: Vec<String>) -> Self {
+        self.answerers = answerers;
+        self
     }
 
     /// True for root and the daemon's own user: they may do everything,
@@ -141,7 +154,12 @@ impl Policy {
     fn look_up(&self, cred: PeerCred) -> Peer {
         let user = user_name(cred.uid);
         let readers = self.readers.as_deref().and_then(group_entry);
-        let access = self.judge(&cred, user.as_deref(), readers.as_ref());
+        let answerers: Vec<Option<GroupEntry>> =
+            self.answerers.iter().map(|g| group_entry(g)).collect();
+        let access = match self.is_answerer(&cred, user.as_deref(), &answerers) {
+            true => Access::Answerer,
+            false => self.judge(&cred, user.as_deref(), readers.as_ref()),
+        };
         Peer {
             cred: Some(cred),
             access,
@@ -163,6 +181,22 @@ impl Policy {
         } else {
             Access::Denied
         }
+    }
+
+    /// True when `cred` (whose user name is `user`) is in one of the
+    /// answerers groups, whose entries are `entries`, in the same order.
+    pub fn is_answerer(
+        &self,
+        cred: &PeerCred,
+        user: Option<&str>,
+        entries: &[Option<GroupEntry>],
+    ) -> bool {
+        !self.is_privileged(cred.uid)
+            && self
+                .answerers
+                .iter()
+                .zip(entries)
+                .any(|(group, entry)| in_group(group, entry.as_ref(), cred.gid, user))
     }
 
     /// The sentence a refused peer is told.
@@ -192,6 +226,9 @@ impl Peer {
     /// `Ok` when this peer may send `request`; otherwise the sentence
     /// saying why not.
     pub fn permits(&self, request: &Request) -> Result<(), String> {
+        if self.access == Access::Answerer && matches!(request, Request::Answer(_)) {
+            return Ok(());
+        }
         self.permits_if(is_read(request), || describe(request))
     }
 
@@ -207,6 +244,9 @@ impl Peer {
     /// know is no read either.
     pub fn permits_kind(&self, kind: u32) -> Result<(), String> {
         let name = Request::kind_name(kind);
+        if self.access == Access::Answerer && name == Some("Answer") {
+            return Ok(());
+        }
         self.permits_if(name.is_some_and(may_be_read), || match name {
             Some(name) => name.to_owned(),
             None => format!("request type {kind}, unknown to this daemon,"),
@@ -222,6 +262,12 @@ impl Peer {
                 "permission denied: {self} is in the readers group and may only read \
                  (tail without --consumer, streams, ps, status, checkpoint list/load); \
                  {} is refused",
+                what()
+            )),
+            Access::Answerer if read => Ok(()),
+            Access::Answerer => Err(format!(
+                "permission denied: {self} is in an answerers group and may only answer \
+                 questions and read; {} is refused",
                 what()
             )),
             Access::Denied => Err(format!("permission denied: {self} may not use this daemon")),
@@ -269,6 +315,7 @@ fn may_be_read(name: &str) -> bool {
             | "StepList"
             | "CheckpointLoadFull"
             | "CheckpointListFull"
+            | "ListQuestions"
             | "Subscribe"
             | "DurableResume"
     )
@@ -295,6 +342,9 @@ pub fn is_control(request: &Request) -> bool {
             | Request::Remove { .. }
             | Request::Prune { .. }
             | Request::RemoveStreams { .. }
+            | Request::Ask(_)
+            | Request::Answer(_)
+            | Request::Send { .. }
     )
 }
 
@@ -319,8 +369,9 @@ fn in_group(group: &str, entry: Option<&GroupEntry>, gid: u32, user: Option<&str
     })
 }
 
-/// The name of `uid`, if the name services know it.
-fn user_name(uid: u32) -> Option<String> {
+/// The name of `uid`, if the name services know it. Blocks while they
+/// answer.
+pub fn user_name(uid: u32) -> Option<String> {
     uzers::get_user_by_uid(uid).map(|user| user.name().to_string_lossy().into_owned())
 }
 
@@ -360,6 +411,7 @@ mod tests {
         Policy {
             owner: 1000,
             readers: readers.map(str::to_owned),
+            answerers: Vec::new(),
         }
     }
 

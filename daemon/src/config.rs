@@ -82,6 +82,11 @@ pub struct Config {
     /// a name or a numeric gid. `None`: only the daemon's own user and root
     /// are served. See [`crate::access`].
     pub readers_group: Option<String>,
+    /// Groups (names or numeric gids) whose members may answer questions
+    /// (`tether answer`) and read, as readers do. See [`crate::access`].
+    pub answerers: Vec<String>,
+    /// Messages one execution's inbox holds at most (`tether send`).
+    pub inbox_max_messages: u64,
     /// The tracing filter (`info`, `debug`, `tetherd=trace,info`, ...).
     pub log_level: String,
     /// Restarts allowed to a run that did not say; `None` is unlimited.
@@ -120,6 +125,9 @@ pub struct MetricsConfig {
     pub listen: Option<SocketAddr>,
 }
 
+/// `[inbox] max_messages` unless set.
+pub const DEFAULT_INBOX_MAX_MESSAGES: u64 = 10_000;
+
 impl Config {
     /// A config with default limits for the given paths.
     pub fn new(socket: PathBuf, state_dir: PathBuf) -> Self {
@@ -138,6 +146,8 @@ impl Config {
             socket_mode: DEFAULT_SOCKET_MODE,
             socket_group: None,
             readers_group: None,
+            answerers: Vec::new(),
+            inbox_max_messages: DEFAULT_INBOX_MAX_MESSAGES,
             log_level: DEFAULT_LOG_LEVEL.to_owned(),
             default_max_restarts: None,
             default_max_failures_without_progress: None,

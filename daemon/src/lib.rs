@@ -179,6 +179,10 @@ pub async fn run_with(
         let task = metrics::http::serve(listener, shared.clone(), shutdown.clone());
         AbortOnDropHandle::new(tokio::spawn(task))
     });
+    let _timeouts = AbortOnDropHandle::new(tokio::spawn(gates::timeouts::run(
+        queue.clone(),
+        shutdown.clone(),
+    )));
     let _sweep = keep_ended.map(|keep| {
         let task = supervisor.clone().sweep_ended(keep, shutdown.clone());
         AbortOnDropHandle::new(tokio::spawn(task))

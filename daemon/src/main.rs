@@ -78,6 +78,15 @@ struct Args {
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<tetherd::config::LogFormat>,
 
+    /// A group (name or gid) whose members may answer questions and
+    /// read; repeat for several [default: none].
+    #[arg(long, value_name = "GROUP")]
+    answerers: Vec<String>,
+
+    /// Messages one execution's inbox holds at most [default: 10000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    inbox_max_messages: Option<u64>,
+
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -389,6 +398,12 @@ fn config_from(args: Args) -> tetherd::Result<tetherd::Config> {
     if let Some(format) = args.log_format {
         config.log_format = format;
     }
+    if !args.answerers.is_empty() {
+        config.answerers = args.answerers;
+    }
+    if let Some(n) = args.inbox_max_messages {
+        config.inbox_max_messages = n;
+    }
     let limit = |v: u64| (v > 0).then_some(v);
     if let Some(n) = args.retention_max_frames {
         config.retention.max_frames = limit(n);
@@ -472,6 +487,8 @@ mod tests {
         ("checkpoint-keep", "checkpoint_keep = 3"),
         ("max-checkpoint-bytes", "max_checkpoint_bytes = 1024"),
         ("log-format", "log_format = \"json\""),
+        ("answerers", "[access]\nanswerers = [\"ops\"]"),
+        ("inbox-max-messages", "[inbox]\nmax_messages = 5"),
     ];
 
     #[test]

@@ -211,7 +211,8 @@ const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 pub async fn serve(listener: UnixListener, shared: Arc<Shared>, shutdown: CancellationToken) {
     let max = session_limit(shared.config.max_connections, open_file_limit());
     let slots = Slots::new(Limits::new(max, shared.config.max_connections_per_uid));
-    let policy = Policy::for_this_process(shared.config.readers_group.clone());
+    let policy = Policy::for_this_process(shared.config.readers_group.clone())
+        .with_answerers(shared.config.answerers.clone());
     let refusals = Arc::new(RefusalLog::default());
     let tracker = TaskTracker::new();
     loop {

@@ -160,6 +160,9 @@ pub struct FileConfig {
     /// How long ended executions are kept.
     #[serde(default)]
     pub executions: ExecutionsSection,
+    /// Bounds of the executions' inboxes.
+    #[serde(default)]
+    pub inbox: InboxSection,
 }
 
 /// `[executions]`.
@@ -200,6 +203,17 @@ pub struct SocketSection {
 pub struct AccessSection {
     /// Group name or numeric gid whose members may only read.
     pub readers: Option<String>,
+    /// Group names or numeric gids whose members may answer questions
+    /// (and read).
+    pub answerers: Option<Vec<String>>,
+}
+
+/// `[inbox]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboxSection {
+    /// Messages one execution's inbox holds at most.
+    pub max_messages: Option<u64>,
 }
 
 /// `[retention]`; 0 means no limit.
@@ -266,6 +280,12 @@ impl FileConfig {
         }
         if let Some(group) = &self.access.readers {
             check_group("access.readers", group)?;
+        }
+        for group in self.access.answerers.iter().flatten() {
+            check_group("access.answerers", group)?;
+        }
+        if self.inbox.max_messages == Some(0) {
+            return Err("inbox.max_messages: must be at least 1".into());
         }
         if self.checkpoint_keep == Some(0) {
             return Err("checkpoint_keep: must be at least 1".into());
@@ -361,6 +381,12 @@ impl Config {
         }
         if let Some(group) = &file.access.readers {
             self.readers_group = Some(group.clone());
+        }
+        if let Some(groups) = &file.access.answerers {
+            self.answerers = groups.clone();
+        }
+        if let Some(n) = file.inbox.max_messages {
+            self.inbox_max_messages = n;
         }
         let r = &file.retention;
         set_limit(&mut self.retention.max_frames, r.max_frames);
@@ -514,6 +540,11 @@ impl Config {
         differs("socket.mode", self.socket_mode != new.socket_mode);
         differs("socket.group", self.socket_group != new.socket_group);
         differs("access.readers", self.readers_group != new.readers_group);
+        differs("access.answerers", self.answerers != new.answerers);
+        differs(
+            "inbox.max_messages",
+            self.inbox_max_messages != new.inbox_max_messages,
+        );
         differs(
             "restart.max_restarts",
             self.default_max_restarts != new.default_max_restarts,

@@ -164,16 +164,13 @@ impl Session {
                 ErrorCode::HELLO_REQUIRED,
                 "Hello was already received on this connection",
             )),
-            Request::Ask(_)
+            gate @ (Request::Ask(_)
             | Request::AwaitAnswer { .. }
             | Request::Answer(_)
             | Request::ListQuestions { .. }
             | Request::Send { .. }
             | Request::Recv { .. }
-            | Request::Dequeue { .. } => Err(Refusal::new(
-                ErrorCode::INVALID_REQUEST,
-                "questions and inboxes are not served by this daemon yet",
-            )),
+            | Request::Dequeue { .. }) => self.serve_gate(gate).await,
             Request::Subscribe(subscribe) => self.open_subscription(subscribe).await,
             Request::DurableResume(resume) => self.resume_subscription(resume).await,
             Request::ListStreams => {
@@ -608,6 +605,9 @@ fn control_target(request: &Request) -> &str {
         | Request::StepClear { execution, .. } => execution,
         Request::CheckpointSave(save) => &save.execution,
         Request::CheckpointSaveFull(save) => &save.execution,
+        Request::Ask(spec) => &spec.execution,
+        Request::Answer(spec) => &spec.execution,
+        Request::Send { execution, .. } => execution,
         Request::Remove { executions, .. } => executions.first().map_or("", String::as_str),
         Request::RemoveStreams { names } => names.first().map_or("", String::as_str),
         _ => "",
@@ -632,6 +632,11 @@ fn named_execution(request: &mut Request) -> Option<&mut String> {
         | Request::CheckpointListFull { execution } => Some(execution),
         Request::CheckpointSave(save) => Some(&mut save.execution),
         Request::CheckpointSaveFull(save) => Some(&mut save.execution),
+        Request::Ask(spec) => Some(&mut spec.execution),
+        Request::Answer(spec) => Some(&mut spec.execution),
+        Request::Send { execution, .. }
+        | Request::Recv { execution, .. }
+        | Request::Dequeue { execution, .. } => Some(execution),
         _ => None,
     }
 }

@@ -15,6 +15,7 @@
 //! the pipeline drain, which keeps every answer in order without bookkeeping.
 
 mod dispatch;
+mod gates;
 mod parts;
 mod read;
 mod subscribe;

@@ -13,7 +13,7 @@ use serde::Serialize;
 use tether_protocol::codec::encoded_len;
 use tether_protocol::{
     Checkpoint, CheckpointEntry, CheckpointFull, CheckpointMeta, ExecutionDetail, ExecutionInfo,
-    Response, StepInfo, StreamInfo,
+    QuestionInfo, Response, StepInfo, StreamInfo,
 };
 
 use crate::{Error, Result};
@@ -80,6 +80,11 @@ pub(super) fn steps(steps: Vec<StepInfo>, max: usize) -> Result<Vec<Response>> {
     split_list(steps, max, Response::StepsPart, Response::Steps)
 }
 
+/// `questions` as messages of at most `max` bytes each.
+pub(super) fn questions(questions: Vec<QuestionInfo>, max: usize) -> Result<Vec<Response>> {
+    split_list(questions, max, Response::QuestionsPart, Response::Questions)
+}
+
 /// `items` in order, as `part` messages and then one `last` message (which
 /// may be empty), each of at most `max` bytes. An item that does not fit in
 /// a message on its own is refused as too large, naming its size.
@@ -94,6 +99,7 @@ fn split_list<T: Serialize>(
         Response::ExecutionsPart(_) | Response::ExecutionsFullPart(_) => "an execution's entry",
         Response::CheckpointsFullPart(_) => "a checkpoint's entry",
         Response::StepsPart(_) => "a step's entry",
+        Response::QuestionsPart(_) => "a question",
         _ => "an entry of the list",
     };
     let room = max.saturating_sub(LIST_OVERHEAD);

@@ -36,6 +36,8 @@ pub fn text_of(shared: &Shared) -> Result<String> {
         restarts: executions.iter().map(|e| u64::from(e.restarts)).sum(),
         executions: executions.into_iter().map(|e| e.state).collect(),
         degraded: shared.queue.storage_fault().is_some(),
+        open_questions: shared.queue.gates().open_count(),
+        inbox_messages: shared.queue.gates().inbox_total(),
     };
     render(shared.queue.metrics(), &shared.config.metrics.streams, &now)
 }

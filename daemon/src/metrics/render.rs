@@ -15,7 +15,7 @@ use crate::{Error, Result};
 
 /// Every execution state, so that each has a series (0 when none is in it)
 /// and a state appearing does not make a series appear from nothing.
-const STATES: [ExecState; 8] = [
+const STATES: [ExecState; 9] = [
     ExecState::Pending,
     ExecState::Starting,
     ExecState::Running,
@@ -24,6 +24,7 @@ const STATES: [ExecState; 8] = [
     ExecState::Failed,
     ExecState::Cancelled,
     ExecState::Lost,
+    ExecState::Waiting,
 ];
 
 /// What is read at the time of asking, besides the counters.
@@ -37,6 +38,10 @@ pub struct Now {
     pub restarts: u64,
     /// Whether the store refuses writes now (degraded mode).
     pub degraded: bool,
+    /// Questions open, across every execution.
+    pub open_questions: u64,
+    /// Messages waiting, across every inbox.
+    pub inbox_messages: u64,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -104,6 +109,21 @@ pub fn render(metrics: &Metrics, globs: &[String], now: &Now) -> Result<String> 
         restarts,
     );
 
+    let open_questions = Gauge::<i64>::default();
+    open_questions.set(gauge(now.open_questions));
+    registry.register(
+        "questions_open",
+        "Questions asked and not yet answered or timed out",
+        open_questions,
+    );
+    let inbox_messages = Gauge::<i64>::default();
+    inbox_messages.set(gauge(now.inbox_messages));
+    registry.register(
+        "inbox_messages",
+        "Messages waiting in the executions' inboxes",
+        inbox_messages,
+    );
+
     let degraded = Gauge::<i64>::default();
     degraded.set(i64::from(now.degraded));
     registry.register(
@@ -141,6 +161,8 @@ mod tests {
             executions: vec![ExecState::Running, ExecState::Failed, ExecState::Running],
             restarts: 4,
             degraded: true,
+            open_questions: 3,
+            inbox_messages: 5,
         };
         let text = render(&metrics, &["a".into()], &now).unwrap();
         for line in [
@@ -157,6 +179,9 @@ mod tests {
             "tether_executions{state=\"lost\"} 0",
             "tether_restarts_total 4",
             "tether_storage_degraded 1",
+            "tether_questions_open 3",
+            "tether_inbox_messages 5",
+            "tether_executions{state=\"waiting\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

@@ -10,6 +10,10 @@ use super::{storage, Store};
 use crate::wal::{Op, RawBytes};
 use crate::{Error, Result};
 
+/// What a message costs in an answer besides its data, at most: its id,
+/// time and sender, as varints, and its data's length.
+pub const MESSAGE_OVERHEAD: usize = 40;
+
 /// What the store holds of questions and inboxes, read once at start.
 #[derive(Debug, Default)]
 pub struct GatesSnapshot {
@@ -183,7 +187,8 @@ impl Store {
     }
 
     /// The oldest messages of an execution's inbox: at most `max`, and no
-    /// more than `max_bytes` of data together (but always the first).
+    /// more than `max_bytes` together, counting [`MESSAGE_OVERHEAD`] each
+    /// (but always the first).
     pub fn inbox(&self, execution: &str, max: usize, max_bytes: usize) -> Result<Vec<InboxMessage>> {
         self.read_in(|txn| {
             let table = txn.open_table(INBOX).map_err(|e| self.fail(e))?;
@@ -201,7 +206,7 @@ impl Store {
                         e,
                     )
                 })?;
-                bytes += message.data.len();
+                bytes += message.data.len() + MESSAGE_OVERHEAD;
                 if out.len() >= max || (!out.is_empty() && bytes > max_bytes) {
                     break;
                 }

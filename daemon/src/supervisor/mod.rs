@@ -594,6 +594,15 @@ impl Inner {
             .map_or(0, |(_, last)| last);
         let mut info = manifest.info(last_seq);
         info.last_checkpoint = self.queue.last_checkpoint(&manifest.id);
+        // `waiting` is running with a question of this attempt open: shown
+        // from the questions, never stored, so that it comes back with
+        // them after a crash (see `crate::gates`).
+        if manifest.state == ExecState::Running {
+            if let Some(text) = self.queue.gates().waiting_on(&manifest.id, manifest.attempt) {
+                info.state = ExecState::Waiting;
+                info.reason = Some(text);
+            }
+        }
         info
     }
 

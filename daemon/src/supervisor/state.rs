@@ -4,7 +4,8 @@
 //! |---|---|
 //! | pending | starting, failed, cancelled |
 //! | starting | running, failed, lost, cancelled |
-//! | running | completed, failed, cancelled, lost, backoff, starting |
+//! | running | completed, failed, cancelled, lost, backoff, starting, waiting |
+//! | waiting | running, completed, failed, cancelled, lost, backoff, starting |
 //! | failed | backoff, starting |
 //! | lost | backoff, starting, failed |
 //! | backoff | starting, failed, cancelled |
@@ -16,6 +17,12 @@
 //! [`is_final`]. Only `tether resume` leaves a final state (to
 //! `starting`), and only `tether restart` goes from `running` straight to
 //! `starting`.
+//!
+//! `waiting` is `running` with a question of the current attempt open
+//! (`tether ask`). The daemon shows it from the open questions and never
+//! stores it (see [`crate::gates`]), so a stored manifest says `running`
+//! and every rule of `running` (a shim alive, stop, restart, recovery)
+//! holds for a waiting execution as it is.
 
 use tether_protocol::ExecState;
 
@@ -28,7 +35,11 @@ pub fn allowed(from: ExecState, to: ExecState) -> bool {
             | (Starting, Running | Failed | Lost | Cancelled)
             | (
                 Running,
-                Completed | Failed | Cancelled | Lost | Backoff | Starting
+                Completed | Failed | Cancelled | Lost | Backoff | Starting | Waiting
+            )
+            | (
+                Waiting,
+                Running | Completed | Failed | Cancelled | Lost | Backoff | Starting
             )
             | (Failed, Backoff | Starting)
             | (Lost, Backoff | Starting | Failed)
@@ -49,7 +60,10 @@ pub fn is_final(state: ExecState) -> bool {
 
 /// True while a shim may be alive for the current attempt.
 pub fn has_shim(state: ExecState) -> bool {
-    matches!(state, ExecState::Starting | ExecState::Running)
+    matches!(
+        state,
+        ExecState::Starting | ExecState::Running | ExecState::Waiting
+    )
 }
 
 #[cfg(test)]
@@ -57,11 +71,19 @@ mod tests {
     use super::*;
     use ExecState::*;
 
-    const ALL: [ExecState; 8] = [
-        Pending, Starting, Running, Backoff, Completed, Failed, Cancelled, Lost,
+    const ALL: [ExecState; 9] = [
+        Pending, Starting, Running, Backoff, Completed, Failed, Cancelled, Lost, Waiting,
     ];
 
-    const LEGAL: [(ExecState, ExecState); 23] = [
+    const LEGAL: [(ExecState, ExecState); 31] = [
+        (Running, Waiting),
+        (Waiting, Running),
+        (Waiting, Completed),
+        (Waiting, Failed),
+        (Waiting, Cancelled),
+        (Waiting, Lost),
+        (Waiting, Backoff),
+        (Waiting, Starting),
         (Pending, Starting),
         (Pending, Failed),
         (Pending, Cancelled),
@@ -123,6 +145,11 @@ mod tests {
             (Lost, Running),
             (Starting, Completed),
             (Running, Running),
+            (Waiting, Waiting),
+            (Waiting, Pending),
+            (Pending, Waiting),
+            (Backoff, Waiting),
+            (Completed, Waiting),
         ] {
             assert!(!allowed(from, to), "{from:?} -> {to:?} must be refused");
         }
