@@ -479,6 +479,61 @@ mod tests {
     }
 
     #[test]
+    fn answerers_are_members_of_any_listed_group_and_may_answer_and_read() {
+        let mut p = policy(Some("readers"));
+        p.answerers = vec!["ops".into(), "1700".into()];
+        let ops = Some(GroupEntry {
+            gid: 1650,
+            members: vec!["erin".into()],
+        });
+        let entries = [ops, None];
+        assert!(p.is_answerer(&cred(1005, 1005), Some("erin"), &entries));
+        assert!(p.is_answerer(&cred(1006, 1700), None, &entries));
+        assert!(!p.is_answerer(&cred(1001, 1001), Some("carol"), &entries));
+        assert!(
+            !p.is_answerer(&cred(1000, 1650), None, &entries),
+            "the owner is more"
+        );
+
+        let answerer = Peer {
+            cred: Some(cred(1005, 1005)),
+            access: Access::Answerer,
+            user: Some("erin".into()),
+        };
+        let answer = Request::Answer(tether_protocol::AnswerSpec {
+            execution: "e".into(),
+            question: None,
+            answer: "yes".into(),
+        });
+        assert!(answerer.permits(&answer).is_ok());
+        assert!(answerer.permits_kind(answer.kind()).is_ok());
+        let list = Request::ListQuestions {
+            all: true,
+            execution: None,
+            after: 0,
+            wait_ms: 0,
+        };
+        assert!(answerer.permits(&list).is_ok());
+        assert!(answerer.permits(&Request::Status).is_ok());
+        let send = Request::Send {
+            execution: "e".into(),
+            message: bytes::Bytes::from_static(b"hi"),
+        };
+        assert_eq!(
+            answerer.permits(&send).unwrap_err(),
+            "permission denied: uid 1005 (erin) is in an answerers group and may only answer \
+             questions and read; Send is refused"
+        );
+        // A reader may list questions, not answer them.
+        let reader = Peer {
+            access: Access::ReadOnly,
+            ..answerer
+        };
+        assert!(reader.permits(&list).is_ok());
+        assert!(reader.permits(&answer).is_err());
+    }
+
+    #[test]
     fn readers_may_read_but_not_act() {
         let reader = Peer {
             cred: Some(cred(1001, 1600)),

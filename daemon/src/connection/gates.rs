@@ -51,15 +51,8 @@ impl Session {
                     max_bytes: max_payload_len(self.max_frame_len()),
                 };
                 let uid = self.peer.uid();
-                let id = inbox::send(
-                    queue,
-                    &shared.supervisor,
-                    &execution,
-                    message,
-                    uid,
-                    limits,
-                )
-                .await?;
+                let id = inbox::send(queue, &shared.supervisor, &execution, message, uid, limits)
+                    .await?;
                 self.send_all(vec![Response::Queued { id }]).await
             }
             Request::Recv {
@@ -73,10 +66,7 @@ impl Session {
                 let messages = self.until_gone(received).await??;
                 self.send_all(vec![Response::Messages(messages)]).await
             }
-            Request::Dequeue {
-                execution,
-                through,
-            } => {
+            Request::Dequeue { execution, through } => {
                 validate_name("execution", &execution)?;
                 let removed = inbox::dequeue(queue, &execution, through).await?;
                 self.send_all(vec![Response::Dequeued(removed)]).await

@@ -60,8 +60,8 @@ use crate::{Error, Result};
 
 use cache::State;
 pub use commands::Removed;
-pub use gates::{GateChange, GateOutcome};
 use commands::{Command, Reply, Request};
+pub use gates::{GateChange, GateOutcome};
 use writer::{spawn_writer, Writer};
 
 pub(crate) use writer::AWAKE_FOR;

@@ -105,7 +105,8 @@ impl Registry {
         let info = &record.info;
         let execution = info.execution.clone();
         self.next_question_id = self.next_question_id.max(info.id + 1);
-        self.keys.insert((execution.clone(), info.key.clone()), info.id);
+        self.keys
+            .insert((execution.clone(), info.key.clone()), info.id);
         for &(_, nonce) in &record.asks {
             self.nonces.insert((execution.clone(), nonce), info.id);
         }
@@ -186,7 +187,9 @@ impl Gates {
             .questions
             .values()
             .filter(|r| {
-                r.info.execution == execution && r.info.text == text && r.info.key.starts_with(&prefix)
+                r.info.execution == execution
+                    && r.info.text == text
+                    && r.info.key.starts_with(&prefix)
             })
             .map(|r| r.asks.iter().filter(|(a, _)| *a == attempt).count())
             .sum()
@@ -274,7 +277,11 @@ impl Gates {
 
     /// How many questions are open, across every execution.
     pub fn open_count(&self) -> u64 {
-        lock(&self.state).open.values().map(|s| s.len() as u64).sum()
+        lock(&self.state)
+            .open
+            .values()
+            .map(|s| s.len() as u64)
+            .sum()
     }
 
     /// How many messages wait in an execution's inbox.
@@ -313,7 +320,9 @@ impl Gates {
         for execution in executions {
             state.open.remove(execution);
             state.inbox.remove(execution);
-            state.questions.retain(|_, r| r.info.execution != *execution);
+            state
+                .questions
+                .retain(|_, r| r.info.execution != *execution);
             state.keys.retain(|(e, _), _| e != execution);
             state.nonces.retain(|(e, _), _| e != execution);
         }

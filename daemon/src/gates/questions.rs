@@ -237,9 +237,9 @@ fn already_answered(info: &QuestionInfo, outcome: &QuestionOutcome) -> Error {
             };
             format!("question {id} of {execution} was already answered: {answer:?} by {who}")
         }
-        (Answerer::Timeout, Some(answer)) => format!(
-            "question {id} of {execution} already timed out, with its default {answer:?}"
-        ),
+        (Answerer::Timeout, Some(answer)) => {
+            format!("question {id} of {execution} already timed out, with its default {answer:?}")
+        }
         (Answerer::Timeout, None) => {
             format!("question {id} of {execution} already timed out with no answer")
         }
@@ -276,7 +276,9 @@ fn validate_ask(spec: &AskSpec) -> Result<()> {
     }
     if let Some(key) = &spec.key {
         if key.is_empty() {
-            return Err(Error::InvalidRequest("a question's key cannot be empty".into()));
+            return Err(Error::InvalidRequest(
+                "a question's key cannot be empty".into(),
+            ));
         }
         check_len("the key", key)?;
     }

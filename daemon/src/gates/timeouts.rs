@@ -29,7 +29,10 @@ pub async fn run(queue: Queue, shutdown: CancellationToken) {
                 return;
             }
             if let Err(e) = time_out(&queue, id).await {
-                tracing::warn!(question = id, "cannot close the question at its timeout: {e}");
+                tracing::warn!(
+                    question = id,
+                    "cannot close the question at its timeout: {e}"
+                );
                 failed = true;
             }
         }

@@ -189,7 +189,12 @@ impl Store {
     /// The oldest messages of an execution's inbox: at most `max`, and no
     /// more than `max_bytes` together, counting [`MESSAGE_OVERHEAD`] each
     /// (but always the first).
-    pub fn inbox(&self, execution: &str, max: usize, max_bytes: usize) -> Result<Vec<InboxMessage>> {
+    pub fn inbox(
+        &self,
+        execution: &str,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<InboxMessage>> {
         self.read_in(|txn| {
             let table = txn.open_table(INBOX).map_err(|e| self.fail(e))?;
             let range = table
@@ -214,5 +219,153 @@ impl Store {
             }
             Ok(out)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use bytes::Bytes;
+    use redb::Database;
+
+    use super::*;
+    use crate::store::schema::SCHEMA_VERSION;
+    use crate::store::tests::{crash_copy, store_version, stored_version, UNPREPARED_LOG};
+    use crate::syncer::Durable;
+    use crate::wal;
+
+    fn message(id: u64, data: &'static str) -> Vec<u8> {
+        postcard::to_allocvec(&InboxMessage {
+            id,
+            sent_micros: 5,
+            sender_uid: 1000,
+            data: Bytes::from_static(data.as_bytes()),
+        })
+        .unwrap()
+    }
+
+    fn ids(store: &Store, execution: &str) -> Vec<u64> {
+        let messages = store.inbox(execution, 100, usize::MAX).unwrap();
+        messages.iter().map(|m| m.id).collect()
+    }
+
+    #[test]
+    fn questions_and_inboxes_logged_only_are_replayed_after_a_crash() {
+        for capacity in [wal::DEFAULT_CAPACITY, UNPREPARED_LOG] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("t.redb");
+            let store = Store::open_with_log(&path, capacity).unwrap();
+            let (_, durable) = store
+                .write_logged(
+                    |txn| {
+                        txn.put_question("e", 1, b"asked")?;
+                        txn.set_next_question_id(2)?;
+                        for id in 1..=3 {
+                            txn.put_inbox("e", id, &message(id, "m"))?;
+                        }
+                        txn.set_next_message_id(4)
+                    },
+                    |_| {},
+                )
+                .unwrap();
+            assert!(matches!(durable, Durable::Logged(_)));
+            let (removed, durable) = store
+                .write_logged(
+                    |txn| {
+                        txn.put_question("e", 1, b"answered")?;
+                        txn.remove_inbox_through("e", 2)
+                    },
+                    |_| {},
+                )
+                .unwrap();
+            assert_eq!((removed, matches!(durable, Durable::Logged(_))), (2, true));
+
+            // No durable commit since: only the log has them.
+            let crashed = tempfile::tempdir().unwrap();
+            let copy =
+                Store::open_with_log(&crash_copy(&path, crashed.path(), true), capacity).unwrap();
+            let gates = copy.load_gates().unwrap();
+            assert_eq!(gates.questions, vec![("e".into(), 1, b"answered".to_vec())]);
+            assert_eq!(gates.inbox_counts, vec![("e".into(), 1)]);
+            assert_eq!((gates.next_question_id, gates.next_message_id), (2, 4));
+            assert_eq!(ids(&copy, "e"), [3]);
+        }
+    }
+
+    #[test]
+    fn removing_an_execution_takes_its_questions_and_inbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.redb")).unwrap();
+        store
+            .write(|txn| {
+                for execution in ["a", "b"] {
+                    txn.put_execution(execution, b"m")?;
+                    txn.put_question(execution, 1, b"q")?;
+                    txn.put_inbox(execution, 1, &message(1, "m"))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        store.write(|txn| txn.remove_execution("a")).unwrap();
+        let gates = store.load_gates().unwrap();
+        assert_eq!(gates.questions, vec![("b".into(), 1, b"q".to_vec())]);
+        assert_eq!(gates.inbox_counts, vec![("b".into(), 1)]);
+    }
+
+    #[test]
+    fn the_inbox_is_read_oldest_first_within_the_bounds_but_always_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.redb")).unwrap();
+        store
+            .write(|txn| {
+                for id in [4, 2, 9] {
+                    txn.put_inbox("e", id, &message(id, "0123456789"))?;
+                }
+                txn.put_inbox("f", 1, &message(1, "other"))
+            })
+            .unwrap();
+        assert_eq!(ids(&store, "e"), [2, 4, 9]);
+        let two = store.inbox("e", 2, usize::MAX).unwrap();
+        assert_eq!(two.iter().map(|m| m.id).collect::<Vec<_>>(), [2, 4]);
+        let one = store.inbox("e", 10, 1).unwrap();
+        assert_eq!(one.iter().map(|m| m.id).collect::<Vec<_>>(), [2]);
+        assert!(store.inbox("none", 10, usize::MAX).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_version_4_store_is_upgraded_and_gets_the_new_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
+        store.close().unwrap();
+        drop(store);
+        // As a build of version 4 left it: without the tables of version 5.
+        {
+            let db = Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.delete_table(QUESTIONS).unwrap();
+            txn.delete_table(INBOX).unwrap();
+            txn.commit().unwrap();
+        }
+        store_version(&path, 4);
+
+        let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
+        let backups: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("backup-4-"))
+            .collect();
+        assert_eq!(backups.len(), 1, "{backups:?}");
+        let gates = store.load_gates().unwrap();
+        assert!(gates.questions.is_empty() && gates.inbox_counts.is_empty());
+        assert_eq!((gates.next_question_id, gates.next_message_id), (1, 1));
+        store
+            .write_logged(|txn| txn.put_question("e", 1, b"q"), |_| {})
+            .unwrap();
+        store.close().unwrap();
+        drop(store);
+        assert_eq!(stored_version(&path), SCHEMA_VERSION);
+        assert_eq!(SCHEMA_VERSION, 5);
     }
 }

@@ -598,7 +598,11 @@ impl Inner {
         // from the questions, never stored, so that it comes back with
         // them after a crash (see `crate::gates`).
         if manifest.state == ExecState::Running {
-            if let Some(text) = self.queue.gates().waiting_on(&manifest.id, manifest.attempt) {
+            if let Some(text) = self
+                .queue
+                .gates()
+                .waiting_on(&manifest.id, manifest.attempt)
+            {
                 info.state = ExecState::Waiting;
                 info.reason = Some(text);
             }

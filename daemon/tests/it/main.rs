@@ -18,6 +18,7 @@ mod cli;
 mod engine_follow;
 mod engine_model;
 mod engine_store;
+mod gates;
 mod notify_run;
 mod storage_faults;
 mod supervisor_lifecycle;
