@@ -21,7 +21,7 @@ pub enum GateChange {
     /// seq goes into the question, an `answer` frame's into its outcome).
     /// `next_id`: the next question id, when this one is new.
     Question {
-        record: QuestionRecord,
+        record: Box<QuestionRecord>,
         frame: Option<(FrameKind, Bytes)>,
         next_id: Option<u64>,
     },
@@ -50,7 +50,7 @@ impl GateChange {
 #[derive(Debug)]
 pub enum GateOutcome {
     /// The question as stored (with its frame's seq).
-    Question(QuestionRecord),
+    Question(Box<QuestionRecord>),
     /// The message was queued.
     Queued,
     /// How many messages were removed.

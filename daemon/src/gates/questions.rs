@@ -36,7 +36,7 @@ pub async fn ask(queue: &Queue, supervisor: &Supervisor, spec: AskSpec) -> Resul
             // Noted, so that the default key counts this ask too.
             record.asks.push((attempt, spec.nonce));
             let change = GateChange::Question {
-                record,
+                record: Box::new(record),
                 frame: None,
                 next_id: None,
             };
@@ -74,7 +74,7 @@ pub async fn ask(queue: &Queue, supervisor: &Supervisor, spec: AskSpec) -> Resul
     };
     let payload = frames::ask(&record);
     let change = GateChange::Question {
-        record,
+        record: Box::new(record),
         frame: Some((FrameKind::Ask, payload)),
         next_id: Some(id + 1),
     };
@@ -153,7 +153,7 @@ pub(super) async fn close(
     let payload = frames::answer(record.info.id, &outcome);
     record.info.outcome = Some(outcome);
     let change = GateChange::Question {
-        record,
+        record: Box::new(record),
         frame: Some((FrameKind::Answer, payload)),
         next_id: None,
     };
@@ -165,7 +165,7 @@ async fn commit(queue: &Queue, change: GateChange) -> Result<QuestionInfo> {
     match queue.gate(change).await? {
         GateOutcome::Question(record) => {
             let info = record.info.clone();
-            queue.gates().adopt(record);
+            queue.gates().adopt(*record);
             Ok(info)
         }
         _ => Err(Error::Invariant(
@@ -296,6 +296,8 @@ fn validate_ask(spec: &AskSpec) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
 
     fn spec() -> AskSpec {
