@@ -299,15 +299,15 @@ mod tests {
         let store = Store::open_with_log(&path, UNPREPARED_LOG).unwrap();
         store.close().unwrap();
         drop(store);
-        store_version(&path, 5);
+        store_version(&path, 6);
         let err = run(dir.path()).unwrap_err();
         assert!(matches!(err, Error::CorruptStore { .. }), "{err:?}");
         let text = err.to_string();
         assert!(
-            text.contains("schema version 5; this build reads versions 2 to 4 (a newer"),
+            text.contains("schema version 6; this build reads versions 2 to 5 (a newer"),
             "{text}"
         );
-        assert_eq!(stored_version(&path), 5, "nothing changed");
+        assert_eq!(stored_version(&path), 6, "nothing changed");
     }
 
     #[test]
