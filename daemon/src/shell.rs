@@ -14,6 +14,7 @@ const EXAMPLES: &[(&str, &str)] = &[
         "  tetherd
   tetherd --state-dir /var/lib/tether --socket /run/tether/tether.sock
   tetherd --config /etc/tether/tetherd.toml --log-format json
+  tetherd --answerers ops --inbox-max-messages 1000
   systemctl start tetherd",
     ),
     (
