@@ -2,12 +2,35 @@
 //! waits (`AwaitAnswer`, `ListQuestions`, `Recv`) gives up when the client
 //! hangs up or the daemon shuts down, so neither waits for it.
 
+use std::time::Duration;
+
+use rustix::event::{PollFd, PollFlags, Timespec};
 use tether_protocol::{max_payload_len, validate_name, Answerer, Request, Response};
 use tokio::io::Interest;
 
 use super::{parts, Refusal, Session};
 use crate::gates::{inbox, questions};
 use crate::{access, Error};
+
+/// How often a waiting session whose socket stays readable looks for its
+/// client having hung up.
+const HANG_UP_CHECK: Duration = Duration::from_secs(1);
+
+/// True once the peer of `stream` has closed or shut down its side.
+fn peer_closed(stream: &tokio::net::UnixStream) -> bool {
+    let mut fds = [PollFd::new(stream, PollFlags::RDHUP)];
+    // A zero timeout never blocks.
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&now)).is_ok_and(|ready| {
+        ready > 0
+            && fds[0]
+                .revents()
+                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
+    })
+}
 
 impl Session {
     /// Serves one of the seven requests of questions and inboxes.
@@ -88,10 +111,19 @@ impl Session {
         let shutdown = &self.shutdown;
         let hung_up = async {
             match stream.ready(Interest::READABLE).await {
-                Ok(ready) if ready.is_read_closed() => {}
-                // The client sent more (it pipelines): it is there.
-                Ok(_) => std::future::pending::<()>().await,
-                Err(_) => {}
+                Ok(ready) if ready.is_read_closed() => return,
+                Err(_) => return,
+                Ok(_) => {}
+            }
+            // Readable without being closed: the client sent more, or the
+            // last read left the socket marked readable. Only the kernel
+            // can say which; asked now and then.
+            let mut every = tokio::time::interval(HANG_UP_CHECK);
+            loop {
+                every.tick().await;
+                if peer_closed(stream) {
+                    return;
+                }
             }
         };
         tokio::select! {

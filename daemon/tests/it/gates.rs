@@ -510,3 +510,44 @@ async fn an_ended_execution_takes_no_questions_or_messages_and_rm_takes_them_awa
     assert!(recv(&socket, &id, 10, 0).await.is_empty());
     daemon.stop().await;
 }
+
+async fn connections(socket: &Path) -> u64 {
+    match call(socket, Request::Status).await {
+        Response::Status(status) => status.connections,
+        other => panic!("expected Status, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_hangs_up_ends_its_session() {
+    let env = Env::new();
+    let daemon = env.start().await;
+    let socket = daemon.socket.clone();
+    let run = running(&env, &socket, RestartPolicy::Never).await;
+    let asked = ask(&socket, ask_spec(&run.id, "Anyone?", &[], 1)).await;
+    // The shim's session and the one asking for the status.
+    let before = connections(&socket).await;
+    let mut waiter = Client::connect(&socket).await;
+    waiter
+        .send(Request::AwaitAnswer {
+            question: asked.id,
+            wait_ms: 60_000,
+        })
+        .await;
+    let deadline = Instant::now() + WAIT;
+    while connections(&socket).await == before {
+        assert!(Instant::now() < deadline, "the waiter never connected");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(waiter);
+    // Its question is still open: only noticing the hang-up ends it.
+    while connections(&socket).await != before {
+        assert!(
+            Instant::now() < deadline,
+            "the session of a waiter that hung up is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(run);
+    daemon.stop().await;
+}
