@@ -551,3 +551,86 @@ async fn a_waiter_that_hangs_up_ends_its_session() {
     drop(run);
     daemon.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_keeps_questions_and_messages_only_the_log_held() {
+    use tether_protocol::{Append, QuestionInfo};
+    use tetherd::engine::{GateChange, Queue, QueueOptions};
+    use tetherd::gates::QuestionRecord;
+
+    const JOB: &str = "job-gated";
+    let dir = tempfile::tempdir().unwrap();
+    let (live, state) = (dir.path().join("live"), dir.path().join("state"));
+    std::fs::create_dir(&live).unwrap();
+    std::fs::create_dir(&state).unwrap();
+    let path = live.join(tetherd::store::STORE_FILE);
+    let queue = Queue::open(&path, QueueOptions::default()).unwrap();
+    let append = |seq: u64| Append {
+        stream: "s".into(),
+        producer: "p".into(),
+        producer_seq: seq,
+        kind: FrameKind::Data,
+        payload: Bytes::from(format!("frame {seq}")),
+    };
+    queue.append([append(1), append(2)]).await.unwrap();
+    // A durable commit: the store file itself holds the frames and JOB.
+    queue
+        .record_execution(JOB, b"manifest".to_vec(), Vec::new())
+        .await
+        .unwrap();
+    let record = QuestionRecord {
+        info: QuestionInfo {
+            id: 1,
+            execution: JOB.into(),
+            key: "Go?#0".into(),
+            text: "Go?".into(),
+            choices: Vec::new(),
+            default: None,
+            asked_micros: 1,
+            deadline_micros: None,
+            attempt: 1,
+            seq: 0,
+            outcome: None,
+        },
+        timeout_ms: None,
+        asks: vec![(1, 7)],
+    };
+    queue
+        .gate(GateChange::Question {
+            record: Box::new(record),
+            frame: Some((FrameKind::Ask, Bytes::from_static(b"{}"))),
+            next_id: Some(2),
+        })
+        .await
+        .unwrap();
+    let message = InboxMessage {
+        id: 1,
+        sent_micros: 2,
+        sender_uid: 1000,
+        data: Bytes::from_static(b"hello"),
+    };
+    queue
+        .gate(GateChange::Send {
+            execution: JOB.into(),
+            message: message.clone(),
+            next_id: 2,
+        })
+        .await
+        .unwrap();
+    // As kill -9 leaves them: the last two commits are in the log alone.
+    for name in ["tether.redb", "tether.wal"] {
+        std::fs::copy(live.join(name), state.join(name)).unwrap();
+    }
+    queue.close().await.unwrap();
+    let copy = state.join(tetherd::store::STORE_FILE);
+    tetherd::store::remove_chunk_for_tests(&copy, "s", 1).unwrap();
+
+    let report = tetherd::store::repair::run(&state, tetherd::wal::DEFAULT_CAPACITY).unwrap();
+    assert!(report.contains("  s: seqs 1..2"), "{report}");
+    let queue = Queue::open(&copy, QueueOptions::default()).unwrap();
+    let kept = queue.gates().record(1).unwrap();
+    assert_eq!((kept.info.text.as_str(), kept.asks), ("Go?", vec![(1, 7)]));
+    assert_eq!(queue.gates().inbox_count(JOB), 1);
+    assert_eq!(queue.inbox(JOB, 10, usize::MAX).await.unwrap(), [message]);
+    queue.close().await.unwrap();
+}
