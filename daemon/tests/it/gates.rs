@@ -38,6 +38,7 @@ impl Drop for Worker {
 struct Running {
     id: String,
     _worker: Worker,
+    worker_id: ProcessId,
     session: Client,
 }
 
@@ -65,6 +66,7 @@ async fn attach(env: &Env, socket: &Path, id: &str, attempt: u32) -> Running {
     Running {
         id: id.to_owned(),
         _worker: worker,
+        worker_id,
         session,
     }
 }
@@ -352,6 +354,27 @@ fn tetherd_now() -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_execution_comes_back_waiting_after_a_daemon_restart() {
+    let env = Env::new();
+    let daemon = env.start().await;
+    let socket = daemon.socket.clone();
+    let run = running(&env, &socket, RestartPolicy::Never).await;
+    let id = run.id.clone();
+    ask(&socket, ask_spec(&id, "Still there?", &[], 1)).await;
+    wait_state(&socket, &id, ExecState::Waiting).await;
+    daemon.stop().await;
+
+    let daemon = env.start().await;
+    let shim = env.shim_of(&id, 1).await;
+    let _session = Client::shim(&socket, &id, 1, shim, Some(run.worker_id)).await;
+    let info = wait_state(&socket, &id, ExecState::Waiting).await;
+    assert_eq!(info.reason.as_deref(), Some("Still there?"));
+    question(call(&socket, answer(&id, None, "yes")).await);
+    wait_state(&socket, &id, ExecState::Running).await;
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_told_of_shutdown_instead_of_holding_it_up() {
     let env = Env::new();
     let daemon = env.start().await;
@@ -525,8 +548,6 @@ async fn a_waiter_that_hangs_up_ends_its_session() {
     let socket = daemon.socket.clone();
     let run = running(&env, &socket, RestartPolicy::Never).await;
     let asked = ask(&socket, ask_spec(&run.id, "Anyone?", &[], 1)).await;
-    // The shim's session and the one asking for the status.
-    let before = connections(&socket).await;
     let mut waiter = Client::connect(&socket).await;
     waiter
         .send(Request::AwaitAnswer {
@@ -534,14 +555,19 @@ async fn a_waiter_that_hangs_up_ends_its_session() {
             wait_ms: 60_000,
         })
         .await;
+    // The shim's session, the waiter's and the one asking for the status;
+    // the sessions of earlier calls close in their own time.
     let deadline = Instant::now() + WAIT;
-    while connections(&socket).await == before {
-        assert!(Instant::now() < deadline, "the waiter never connected");
+    while connections(&socket).await != 3 {
+        assert!(
+            Instant::now() < deadline,
+            "not exactly the waiter and the shim"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop(waiter);
     // Its question is still open: only noticing the hang-up ends it.
-    while connections(&socket).await != before {
+    while connections(&socket).await != 2 {
         assert!(
             Instant::now() < deadline,
             "the session of a waiter that hung up is still open"
