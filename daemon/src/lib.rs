@@ -224,11 +224,17 @@ fn listen(
     activated: Option<activation::Activated>,
 ) -> Result<tokio::net::UnixListener> {
     let Some(activated) = activated else {
+        // Answerers must be able to connect as readers do: without a
+        // readers group, the first answerers group shares the socket.
+        let shared_with = config
+            .readers_group
+            .as_deref()
+            .or(config.answerers.first().map(String::as_str));
         return server::bind_with(
             &config.socket,
             config.socket_mode,
             config.socket_group.as_deref(),
-            config.readers_group.as_deref(),
+            shared_with,
         );
     };
     let listener = activated.listener;

@@ -84,6 +84,8 @@ impl Session {
                 wait_ms,
             } => {
                 validate_name("execution", &execution)?;
+                // An unknown execution is an error, not an empty inbox.
+                shared.supervisor.get(&execution)?;
                 let max_bytes = max_payload_len(self.max_frame_len());
                 let received = inbox::recv(queue, &execution, max, wait_ms, max_bytes);
                 let messages = self.until_gone(received).await??;

@@ -484,6 +484,16 @@ async fn an_inbox_keeps_messages_in_order_until_dequeued_within_its_bound() {
     ));
     let (code, _) = refusal(send(&socket, "no-such-run", "x").await);
     assert_eq!(code, ErrorCode::NOT_FOUND);
+    let request = Request::Recv {
+        execution: "no-such-run".into(),
+        max: 1,
+        wait_ms: 0,
+    };
+    let (code, message) = refusal(call(&socket, request).await);
+    assert_eq!(
+        (code, message.as_str()),
+        (ErrorCode::NOT_FOUND, "no such execution \"no-such-run\"")
+    );
     daemon.stop().await;
 }
 
