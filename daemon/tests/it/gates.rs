@@ -540,7 +540,13 @@ async fn an_ended_execution_takes_no_questions_or_messages_and_rm_takes_them_awa
         Response::Questions(list) => assert!(list.is_empty(), "{list:?}"),
         other => panic!("expected Questions, got {other:?}"),
     }
-    assert!(recv(&socket, &id, 10, 0).await.is_empty());
+    let request = Request::Recv {
+        execution: id.clone(),
+        max: 10,
+        wait_ms: 0,
+    };
+    let (code, _) = refusal(call(&socket, request).await);
+    assert_eq!(code, ErrorCode::NOT_FOUND, "gone with its inbox");
     daemon.stop().await;
 }
 
