@@ -137,6 +137,16 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A question closed at its timeout with no default to record as the
+    /// answer (`tether ask`, exit code 1).
+    #[error("question {question} timed out with no answer")]
+    Unanswered { question: u64 },
+
+    /// No message came to the inbox within the time given (`tether recv
+    /// --timeout`, exit code 1).
+    #[error("no message for {execution} within {}", humanize(*.waited))]
+    NoMessage { execution: String, waited: Duration },
+
     // The worker SDK's own (see `crate::worker`); exit code 1.
     /// The program was not started by tether: a variable it sets is absent.
     #[error(
@@ -313,6 +323,19 @@ mod tests {
             message: "beyond".into(),
         };
         assert_eq!(refused.exit_code(), 1);
+    }
+
+    #[test]
+    fn gates_that_closed_empty_say_so_and_exit_1() {
+        let e = Error::Unanswered { question: 3 };
+        assert_eq!(e.to_string(), "question 3 timed out with no answer");
+        assert_eq!(e.exit_code(), 1);
+        let e = Error::NoMessage {
+            execution: "job-1".into(),
+            waited: Duration::from_secs(2),
+        };
+        assert_eq!(e.to_string(), "no message for job-1 within 2s");
+        assert_eq!(e.exit_code(), 1);
     }
 
     #[test]

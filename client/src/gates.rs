@@ -220,10 +220,15 @@ pub struct Follow {
 impl Follow {
     /// Follows the questions `filter` picks, from the first.
     pub fn new(connector: Connector, filter: QuestionFilter) -> Self {
+        Self::after(connector, filter, 0)
+    }
+
+    /// Follows the questions `filter` picks with ids above `after`.
+    pub fn after(connector: Connector, filter: QuestionFilter, after: u64) -> Self {
         Self {
             connector,
             filter,
-            after: 0,
+            after,
         }
     }
 
