@@ -306,6 +306,39 @@ pub async fn dequeue(connector: &Connector, execution: &str, through: u64) -> Re
     }
 }
 
+impl crate::Worker {
+    /// Asks `question` for this worker's execution (its `execution` is
+    /// replaced) and waits until it closes; returns the answer, or `None`
+    /// when it timed out with no default. See [`ask`].
+    pub async fn ask(&self, mut question: Question) -> Result<Option<String>> {
+        question.execution = self.execution().to_owned();
+        let closed = ask(self.connector(), &question).await?;
+        Ok(closed.outcome.and_then(|o| o.answer))
+    }
+
+    /// The next message of this worker's inbox, waiting up to `timeout`
+    /// (`None`: forever); `None` when the timeout passed with none.
+    ///
+    /// At least once: the message handed over by the previous call is
+    /// removed from the inbox first, so one that a worker was handling when
+    /// it died is handed over again to its next attempt (its id tells
+    /// whether it was handled).
+    pub async fn recv(&self, timeout: Option<Duration>) -> Result<Option<InboxMessage>> {
+        let mut handed = self.handed.lock().await;
+        if let Some(through) = *handed {
+            dequeue(self.connector(), self.execution(), through).await?;
+            *handed = None;
+        }
+        let mut messages = recv(self.connector(), self.execution(), 1, timeout).await?;
+        if messages.is_empty() {
+            return Ok(None);
+        }
+        let message = messages.swap_remove(0);
+        *handed = Some(message.id);
+        Ok(Some(message))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -7,10 +7,13 @@
 //!   the supervisor's run, ps and stop as the CLI's JSON views.
 //! * [`Tail`]: a reader that hands out frames in batches and records what
 //!   the caller processed in a cursor file or as consumer acks.
+//! * [`Client::send`], [`Client::answer`], [`Client::questions`]: human
+//!   gates and inboxes (`gates.rs`).
 //! * [`RunOptions`]: a worker to start, as `tether run` takes it.
 //! * [`ErrorClass`]: which exception each SDK raises for an error.
 
 mod error_class;
+mod gates;
 pub mod run;
 mod tail;
 
