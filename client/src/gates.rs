@@ -204,7 +204,10 @@ pub async fn questions_after(
 }
 
 /// The questions, open ones only unless `filter.all`, in id order.
-pub async fn questions(connector: &Connector, filter: &QuestionFilter) -> Result<Vec<QuestionInfo>> {
+pub async fn questions(
+    connector: &Connector,
+    filter: &QuestionFilter,
+) -> Result<Vec<QuestionInfo>> {
     questions_after(connector, filter, 0, Duration::ZERO).await
 }
 

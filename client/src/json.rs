@@ -4,8 +4,8 @@
 //! read the same in every language.
 
 use serde::Serialize;
-use serde_json::Value;
 use serde_json::json;
+use serde_json::Value;
 use tether_protocol::{
     Answerer, ExecutionDetail, ExecutionInfo, ExitStatus, QuestionInfo, StatusInfo, StorageState,
     StreamInfo,

@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tether_protocol::{
-    Answerer, AskSpec, ErrorCode, ErrorFrame, InboxMessage, QuestionInfo, QuestionOutcome,
-    Request, Response,
+    Answerer, AskSpec, ErrorCode, ErrorFrame, InboxMessage, QuestionInfo, QuestionOutcome, Request,
+    Response,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
@@ -53,7 +53,16 @@ fn without_an_execution_ask_and_recv_exit_2_naming_both_ways_to_give_one() {
 #[test]
 fn bad_command_lines_of_the_gate_commands_exit_2() {
     for args in [
-        vec!["ask", "--execution", "x", "--choices", "yes,no", "--default", "maybe", "Go?"],
+        vec![
+            "ask",
+            "--execution",
+            "x",
+            "--choices",
+            "yes,no",
+            "--default",
+            "maybe",
+            "Go?",
+        ],
         vec!["ask", "--execution", "x"],
         vec!["ask", "--execution", "x", "--timeout", "soon", "Go?"],
         vec!["answer", "x"],
@@ -207,7 +216,11 @@ fn answer(state: &Shared, request: Request) -> Option<Response> {
         Request::Ask(spec) => {
             let text = spec.text.clone();
             s.asks.push(spec);
-            let outcome = if s.awaits > 0 { s.outcome.clone() } else { None };
+            let outcome = if s.awaits > 0 {
+                s.outcome.clone()
+            } else {
+                None
+            };
             Response::Question(question(5, &text, outcome))
         }
         Request::AwaitAnswer { question: id, .. } => {
@@ -267,7 +280,15 @@ async fn ask_asks_again_with_the_same_nonce_after_a_lost_session_and_prints_the_
     });
     let output = fake
         .tether(
-            &["ask", "--execution", ID, "--choices", "yes,no", "--timeout", "1h"],
+            &[
+                "ask",
+                "--execution",
+                ID,
+                "--choices",
+                "yes,no",
+                "--timeout",
+                "1h",
+            ],
             None,
         )
         .await;
@@ -277,7 +298,18 @@ async fn ask_asks_again_with_the_same_nonce_after_a_lost_session_and_prints_the_
 
     let output = fake
         .tether(
-            &["ask", "--execution", ID, "--choices", "yes,no", "--timeout", "1h", "Deploy", "to", "prod?"],
+            &[
+                "ask",
+                "--execution",
+                ID,
+                "--choices",
+                "yes,no",
+                "--timeout",
+                "1h",
+                "Deploy",
+                "to",
+                "prod?",
+            ],
             None,
         )
         .await;
@@ -314,7 +346,10 @@ async fn ask_exits_1_naming_a_question_that_timed_out_with_no_answer() {
         text(&output.stderr),
         "tether: question 5 timed out with no answer\n"
     );
-    assert_eq!(fake.state.lock().unwrap().asks[0].key.as_deref(), Some("k1"));
+    assert_eq!(
+        fake.state.lock().unwrap().asks[0].key.as_deref(),
+        Some("k1")
+    );
 }
 
 #[tokio::test]
@@ -404,7 +439,11 @@ fn message(id: u64, data: &str) -> InboxMessage {
 #[tokio::test]
 async fn send_queues_words_or_stdin_and_recv_prints_then_dequeues() {
     let fake = Fake::start(State {
-        inbox: vec![message(7, "first"), message(8, "second\n"), message(9, "third")],
+        inbox: vec![
+            message(7, "first"),
+            message(8, "second\n"),
+            message(9, "third"),
+        ],
         ..State::default()
     });
     let output = fake.tether(&["send", ID, "stop", "soon"], None).await;
@@ -412,7 +451,10 @@ async fn send_queues_words_or_stdin_and_recv_prints_then_dequeues() {
     assert_eq!(text(&output.stdout), "");
     let output = fake.tether(&["send", ID], Some(b"from\nstdin")).await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    assert_eq!(fake.state.lock().unwrap().sent, ["stop soon", "from\nstdin"]);
+    assert_eq!(
+        fake.state.lock().unwrap().sent,
+        ["stop soon", "from\nstdin"]
+    );
 
     let output = fake.tether(&["recv", "--execution", ID], None).await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));

@@ -88,10 +88,7 @@ impl NativeWorker {
             execution: String::new(),
             text,
             choices: options.choices.unwrap_or_default(),
-            timeout: options
-                .timeout
-                .map(|t| seconds(t, "timeout"))
-                .transpose()?,
+            timeout: options.timeout.map(|t| seconds(t, "timeout")).transpose()?,
             default: options.default,
             key: options.key,
         };

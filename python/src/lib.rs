@@ -99,12 +99,8 @@ where
     let rt = runtime()?;
     let mut future = std::pin::pin!(future);
     loop {
-        let sliced = py.detach(|| {
-            rt.block_on(tokio::time::timeout(
-                client::SIGNAL_CHECK,
-                future.as_mut(),
-            ))
-        });
+        let sliced =
+            py.detach(|| rt.block_on(tokio::time::timeout(client::SIGNAL_CHECK, future.as_mut())));
         match sliced {
             Ok(output) => return Ok(output),
             Err(_) => py.check_signals()?,

@@ -148,8 +148,7 @@ impl Worker {
             .check()
             .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
         let inner = Arc::clone(&self.inner);
-        block_on_interruptible(py, async move { inner.ask(question).await })?
-            .map_err(worker_to_py)
+        block_on_interruptible(py, async move { inner.ask(question).await })?.map_err(worker_to_py)
     }
 
     /// The next inbox message, waiting up to `timeout` seconds (None:

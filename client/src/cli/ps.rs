@@ -26,9 +26,9 @@
 //! null.
 
 use clap::Args;
+use tether::gates::{self, QuestionFilter};
 use tether::time::{age, now_micros};
 use tether::{Error, Result};
-use tether::gates::{self, QuestionFilter};
 use tether_protocol::{
     ended_because, find_execution, ErrorCode, ExecState, ExecutionDetail, ExecutionInfo, Named,
     QuestionInfo,
@@ -119,7 +119,10 @@ fn waiting_on<'a>(open: &'a [QuestionInfo], e: &ExecutionInfo) -> Option<&'a Que
     if e.state != ExecState::Waiting {
         return None;
     }
-    let mine = || open.iter().filter(|q| q.execution == e.id && q.outcome.is_none());
+    let mine = || {
+        open.iter()
+            .filter(|q| q.execution == e.id && q.outcome.is_none())
+    };
     mine()
         .filter(|q| q.attempt == e.attempt)
         .min_by_key(|q| q.id)

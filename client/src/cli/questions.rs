@@ -120,8 +120,13 @@ fn answer_line(q: &QuestionInfo) -> Result<String> {
 /// Runs `tether answer`.
 pub async fn answer(ctx: &Context, args: AnswerArgs) -> Result<u8> {
     let text = args.words.join(" ");
-    let closed = gates::answer(&ctx.connector("answer"), &args.execution, args.question, &text)
-        .await?;
+    let closed = gates::answer(
+        &ctx.connector("answer"),
+        &args.execution,
+        args.question,
+        &text,
+    )
+    .await?;
     let answer = closed
         .outcome
         .as_ref()
