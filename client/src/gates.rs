@@ -21,7 +21,9 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tether_protocol::{AnswerSpec, AskSpec, InboxMessage, QuestionInfo, Request, Response};
+use tether_protocol::{
+    AnswerSpec, AskSpec, ExecState, ExecutionInfo, InboxMessage, QuestionInfo, Request, Response,
+};
 
 use crate::conn::{unexpected, Connector, Link};
 use crate::error::{Error, Result};
@@ -209,6 +211,44 @@ pub async fn questions(
     filter: &QuestionFilter,
 ) -> Result<Vec<QuestionInfo>> {
     questions_after(connector, filter, 0, Duration::ZERO).await
+}
+
+/// The open questions, asked for only when one of `executions` is
+/// `waiting` (so that listing executions costs no more otherwise). A
+/// daemon that refuses the list leaves none: what an execution waits on is
+/// then told by its `reason` alone.
+pub async fn open_questions_of_waiting<'a>(
+    connector: &Connector,
+    mut executions: impl Iterator<Item = &'a ExecutionInfo>,
+) -> Result<Vec<QuestionInfo>> {
+    if !executions.any(|e| e.state == ExecState::Waiting) {
+        return Ok(Vec::new());
+    }
+    match questions(connector, &QuestionFilter::default()).await {
+        Ok(open) => Ok(open),
+        Err(e @ Error::Daemon { .. }) => {
+            tracing::debug!("open questions not listed: {e}");
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The open question a waiting execution waits on: its oldest one asked
+/// by the current attempt, else its oldest one; `None` for one not
+/// waiting.
+pub fn waiting_on<'a>(open: &'a [QuestionInfo], e: &ExecutionInfo) -> Option<&'a QuestionInfo> {
+    if e.state != ExecState::Waiting {
+        return None;
+    }
+    let mine = || {
+        open.iter()
+            .filter(|q| q.execution == e.id && q.outcome.is_none())
+    };
+    mine()
+        .filter(|q| q.attempt == e.attempt)
+        .min_by_key(|q| q.id)
+        .or_else(|| mine().min_by_key(|q| q.id))
 }
 
 /// The questions as they are asked: those there are, then each new one.

@@ -117,6 +117,19 @@ pub fn question(q: &QuestionInfo) -> Value {
     })
 }
 
+/// What `ps --json` shows as `question` for an execution waiting on `q`:
+/// `{"id","text","choices","asked_micros"}`, or null.
+pub fn waiting_question(q: Option<&QuestionInfo>) -> Value {
+    q.map_or(Value::Null, |q| {
+        json!({
+            "id": q.id,
+            "text": q.text,
+            "choices": q.choices,
+            "asked_micros": q.asked_micros,
+        })
+    })
+}
+
 /// `open`, `answered` or `timed out`: a question closed by its timeout
 /// counts as timed out, even with its default recorded as the answer.
 pub fn question_state(q: &QuestionInfo) -> &'static str {

@@ -23,10 +23,10 @@
 //! (an id or null) and `children` (ids). A daemon too old to report the
 //! last seven leaves them empty. `question` is a waiting execution's
 //! oldest open question (`{"id","text","choices","asked_micros"}`), else
-//! null.
+//! null (the SDKs' `ps` gives the same).
 
 use clap::Args;
-use tether::gates::{self, QuestionFilter};
+use tether::gates::{open_questions_of_waiting, waiting_on};
 use tether::time::{age, now_micros};
 use tether::{Error, Result};
 use tether_protocol::{
@@ -73,16 +73,7 @@ pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
         executions.retain(|e| wanted.contains(&e.info.id));
     }
     executions.retain(|e| has_labels(e, &args.labels));
-    // What a waiting execution waits for is asked for once, and only when
-    // one is waiting: `ps` costs no more otherwise.
-    let open = if executions
-        .iter()
-        .any(|e| e.info.state == ExecState::Waiting)
-    {
-        gates::questions(&connector, &QuestionFilter::default()).await?
-    } else {
-        Vec::new()
-    };
+    let open = open_questions_of_waiting(&connector, executions.iter().map(|e| &e.info)).await?;
     let text = if ctx.json {
         executions
             .iter()
@@ -111,22 +102,6 @@ fn no_such_execution(ids: &[&String]) -> Error {
         code: ErrorCode::NOT_FOUND,
         message: format!("no such execution: {}", names.join(", ")),
     }
-}
-
-/// The open question a waiting execution waits on: its oldest one asked
-/// by the current attempt, else its oldest one.
-fn waiting_on<'a>(open: &'a [QuestionInfo], e: &ExecutionInfo) -> Option<&'a QuestionInfo> {
-    if e.state != ExecState::Waiting {
-        return None;
-    }
-    let mine = || {
-        open.iter()
-            .filter(|q| q.execution == e.id && q.outcome.is_none())
-    };
-    mine()
-        .filter(|q| q.attempt == e.attempt)
-        .min_by_key(|q| q.id)
-        .or_else(|| mine().min_by_key(|q| q.id))
 }
 
 /// The REASON of a row: why it ended, what it waits on, or `-`.
@@ -202,15 +177,7 @@ pub fn json_line(e: &ExecutionInfo) -> Result<String> {
 fn detail_json_line(e: &ExecutionDetail, question: Option<&QuestionInfo>) -> Result<String> {
     let mut value = tether::json::execution_detail(e)?;
     if let Some(map) = value.as_object_mut() {
-        let question = question.map(|q| {
-            serde_json::json!({
-                "id": q.id,
-                "text": q.text,
-                "choices": q.choices,
-                "asked_micros": q.asked_micros,
-            })
-        });
-        map.insert("question".into(), question.into());
+        map.insert("question".into(), tether::json::waiting_question(question));
     }
     Ok(value.to_string() + "\n")
 }

@@ -186,10 +186,19 @@ impl Client {
     /// The executions that have not ended (`all`: every one), oldest
     /// first, as `tether ps --json` prints them.
     pub async fn ps(&self, all: bool) -> Result<Value> {
-        execution_details(&self.connector, all)
-            .await?
+        let details = execution_details(&self.connector, all).await?;
+        let infos = details.iter().map(|d| &d.info);
+        let open = crate::gates::open_questions_of_waiting(&self.connector, infos).await?;
+        details
             .iter()
-            .map(json::execution_detail)
+            .map(|d| {
+                let mut value = json::execution_detail(d)?;
+                if let Some(map) = value.as_object_mut() {
+                    let question = crate::gates::waiting_on(&open, &d.info);
+                    map.insert("question".into(), json::waiting_question(question));
+                }
+                Ok(value)
+            })
             .collect()
     }
 
