@@ -99,8 +99,10 @@ where
     let rt = runtime()?;
     let mut future = std::pin::pin!(future);
     loop {
-        let sliced =
-            py.detach(|| rt.block_on(tokio::time::timeout(client::SIGNAL_CHECK, future.as_mut())));
+        // The timer is made inside `block_on`: it needs the runtime's
+        // context, which this (Python's) thread has only there.
+        let slice = async { tokio::time::timeout(client::SIGNAL_CHECK, future.as_mut()).await };
+        let sliced = py.detach(|| rt.block_on(slice));
         match sliced {
             Ok(output) => return Ok(output),
             Err(_) => py.check_signals()?,
