@@ -13,10 +13,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tether_protocol::{
-    Answerer, AskSpec, ErrorCode, ErrorFrame, InboxMessage, QuestionInfo, QuestionOutcome, Request,
-    Response,
+    Answerer, AskSpec, ErrorCode, ErrorFrame, ExecState, ExecutionDetail, ExecutionInfo,
+    InboxMessage, QuestionInfo, QuestionOutcome, Request, Response, RestartPolicy,
 };
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 mod fake_daemon;
@@ -243,14 +243,32 @@ fn answer(state: &Shared, request: Request) -> Option<Response> {
                 Some(by_alice(Some(&spec.answer))),
             ))
         }
-        Request::ListQuestions { all, .. } => {
+        Request::ListQuestions { all, after, .. } => {
             let listed = s
                 .listed
                 .iter()
-                .filter(|q| all || q.outcome.is_none())
+                .filter(|q| (all || q.outcome.is_none()) && q.id > after)
                 .cloned()
                 .collect();
             Response::Questions(listed)
+        }
+        Request::ListExecutionsFull { .. } => {
+            let info = ExecutionInfo {
+                id: ID.into(),
+                name: Some("deploy".into()),
+                state: ExecState::Waiting,
+                pid: Some(777),
+                attempt: 1,
+                restarts: 0,
+                command: vec!["sh".into()],
+                restart: RestartPolicy::OnFailure,
+                last_exit: None,
+                reason: Some("Deploy?".into()),
+                created_micros: 1_700_000_000_000_000,
+                stream_last_seq: 2,
+                last_checkpoint: None,
+            };
+            Response::ExecutionsFull(vec![ExecutionDetail::from(info)])
         }
         Request::Send { message, .. } => {
             s.sent.push(message);
@@ -477,4 +495,66 @@ async fn send_queues_words_or_stdin_and_recv_prints_then_dequeues() {
         text(&output.stderr),
         format!("tether: no message for {ID} within 200ms\n")
     );
+}
+
+#[tokio::test]
+async fn ps_shows_what_a_waiting_execution_asked_and_how_long_ago() {
+    let fake = Fake::start(State {
+        listed: vec![question(5, "Deploy?", None)],
+        ..State::default()
+    });
+    let output = fake.tether(&["ps"], None).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let table = text(&output.stdout);
+    let row = table.lines().nth(1).unwrap();
+    assert!(
+        row.starts_with(&format!("{ID}  deploy  waiting  777")),
+        "{table}"
+    );
+    assert!(row.ends_with("  asked 3h ago: Deploy?"), "{table}");
+    let output = fake.tether(&["ps", "--json"], None).await;
+    let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(value["state"], "waiting");
+    assert_eq!(value["question"]["id"], 5);
+    assert_eq!(value["question"]["text"], "Deploy?");
+    assert_eq!(
+        value["question"]["choices"],
+        serde_json::json!(["yes", "no"])
+    );
+}
+
+#[tokio::test]
+async fn questions_follow_prints_each_new_question_once_until_killed() {
+    let fake = Fake::start(State {
+        listed: vec![question(5, "Deploy?", None)],
+        ..State::default()
+    });
+    let mut child = tokio::process::Command::new(tether_bin())
+        .arg("--socket")
+        .arg(&fake.socket)
+        .args(["questions", "--follow"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("a line within the minute")
+            .unwrap()
+            .expect("tether still running")
+    };
+    assert_eq!(next().await, "EXECUTION   QUESTION  ASKED  CHOICES  TEXT");
+    assert_eq!(
+        next().await,
+        format!("{ID}  5         3h     yes,no   Deploy?")
+    );
+    fake.state
+        .lock()
+        .unwrap()
+        .listed
+        .push(question(6, "Really?", None));
+    assert_eq!(next().await, format!("{ID}  6  3h  yes,no  Really?"));
+    child.kill().await.unwrap();
 }
