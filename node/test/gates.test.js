@@ -36,6 +36,8 @@ test('ask waits for the answer and a restarted worker gets it at once', async (t
   const [q] = await openQuestions(c, execution);
   assert.deepEqual([q.text, q.choices, q.state, q.key], ['Deploy to prod?', ['yes', 'no'], 'open', 'Deploy to prod?#0']);
   await waitFor(async () => (await c.ps())[0].state === 'waiting', 'the waiting state');
+  const waiting = (await c.ps())[0].question;
+  assert.deepEqual([waiting.id, waiting.text, waiting.choices], [q.id, 'Deploy to prod?', ['yes', 'no']]);
 
   await assert.rejects(c.answer(execution, 'maybe'), /maybe/);
   const answered = await c.answer(execution, 'yes');

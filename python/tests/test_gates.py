@@ -58,6 +58,12 @@ def test_ask_waits_for_the_answer_and_a_restarted_worker_gets_it_at_once(daemon,
         "Deploy to prod?#0",
     )
     wait_for(lambda: c.ps()[0]["state"] == "waiting", "the waiting state")
+    waiting = c.ps()[0]["question"]
+    assert (waiting["id"], waiting["text"], waiting["choices"]) == (
+        q["id"],
+        "Deploy to prod?",
+        ["yes", "no"],
+    )
 
     with pytest.raises(tether.Error, match="maybe"):
         c.answer(execution, "maybe")
