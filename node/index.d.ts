@@ -77,10 +77,65 @@ export class Worker {
   publish(line: string | Buffer | Uint8Array): Promise<void>;
   /** Appends `obj` as one JSON frame of kind `user`; resolves once durable. */
   event(obj: Json): Promise<void>;
+  /**
+   * Asks a person `text`; resolves to the answer, or null when `timeout`
+   * passed with no `default`. A restarted attempt asking again (same key)
+   * gets the recorded answer at once.
+   */
+  ask(text: string, options?: AskOptions): Promise<string | null>;
+  /**
+   * The next inbox message, waiting up to `timeout` seconds (default:
+   * forever); null when none came. Removed from the inbox when the next
+   * `recv` is made (at least once).
+   */
+  recv(options?: { timeout?: number }): Promise<Message | null>;
+}
+
+export interface AskOptions {
+  /** The answers allowed (default: any text). */
+  choices?: string[];
+  /** Seconds until the question closes (default: never). */
+  timeout?: number;
+  /** The answer recorded when the timeout passes (one of the choices). */
+  default?: string;
+  /** Names the decision (default: the text and how many times this attempt asked it). */
+  key?: string;
+}
+
+/** A message from the execution's inbox. */
+export class Message {
+  private constructor();
+  /** Unique in the daemon, rising in the order messages were sent. */
+  readonly id: number;
+  readonly data: Buffer;
+  /** The data as UTF-8 text. */
+  readonly text: string;
+  /** When it was sent, milliseconds since the epoch. */
+  readonly ts: number;
+  /** The uid of the sender. */
+  readonly senderUid: number;
+}
+
+/** A question as `questions()` and `answer()` give it (the fields of `tether questions --json`). */
+export interface QuestionInfo {
+  id: number;
+  execution: string;
+  key: string;
+  text: string;
+  choices: string[];
+  default: string | null;
+  asked_micros: number;
+  deadline_micros: number | null;
+  attempt: number;
+  seq: number;
+  answer: string | null;
+  answered_by: { uid: number; user: string | null } | 'timeout' | null;
+  answered_micros: number | null;
+  state: 'open' | 'answered' | 'timed out';
 }
 
 /** `event`: the daemon's lifecycle records; `user`: a worker's `event()`s. */
-export type FrameKind = 'data' | 'stdout' | 'stderr' | 'event' | 'user';
+export type FrameKind = 'data' | 'stdout' | 'stderr' | 'event' | 'user' | 'ask' | 'answer';
 
 /** One stored frame. */
 export class Frame {
@@ -176,4 +231,10 @@ export class Client {
   rm(ids: string[], options?: { force?: boolean }): Promise<string[]>;
   /** Removes ended executions that ended at least `olderThan` seconds ago. */
   prune(options?: { olderThan?: number }): Promise<string[]>;
+  /** Queues `message` in the inbox of execution `id`; resolves to its id once durable. */
+  send(id: string, message: string | Buffer | Uint8Array): Promise<number>;
+  /** Answers a question of execution `id` (its one open question unless `question` names one). */
+  answer(id: string, answer: string, options?: { question?: number }): Promise<QuestionInfo>;
+  /** The open questions (`all`: every one), of execution `id` when given. */
+  questions(options?: { all?: boolean; id?: string }): Promise<QuestionInfo[]>;
 }

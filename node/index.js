@@ -1,5 +1,6 @@
 // tether-client: publish to and read tether streams, and write workers that
-// survive restarts (checkpoints, memoised steps).
+// survive restarts (checkpoints, memoised steps) and wait for people
+// (questions, inbox messages).
 //
 // Everything that speaks to the daemon is the Rust client library, reached
 // through the native addon (tether.node, built by build.js); this file adds
@@ -148,6 +149,25 @@ class Checkpoint {
   }
 }
 
+/** A message from the execution's inbox. */
+class Message {
+  constructor(raw) {
+    /** Unique in the daemon, rising in the order messages were sent. */
+    this.id = raw.id;
+    /** The message's bytes. */
+    this.data = raw.data;
+    /** When it was sent, milliseconds since the epoch. */
+    this.ts = raw.ts;
+    /** The uid of the sender. */
+    this.senderUid = raw.senderUid;
+  }
+
+  /** The data as text (UTF-8). */
+  get text() {
+    return this.data.toString('utf8');
+  }
+}
+
 /**
  * A program run by `tether run`: its execution, checkpoints, steps and
  * stream. Get one with `Worker.fromEnv()`.
@@ -250,6 +270,44 @@ class Worker {
   /** Appends `obj` as one JSON frame of kind `user`; resolves once durable. */
   async event(obj) {
     await mapped(this.#native.emit('user', encode(obj)));
+  }
+
+  /**
+   * Asks a person `text` and resolves to the answer once there is one.
+   * `choices` limits the answers; after `timeout` seconds `default`
+   * becomes the answer, or without one this resolves to null. The
+   * execution is `waiting` meanwhile, and `tether answer ID ANSWER`
+   * answers it. Asked again by a restarted attempt, the same question
+   * (same `key`; by default the text and how many times this attempt asked
+   * it before) resolves at once to the recorded answer.
+   */
+  async ask(text, { choices, timeout, default: fallback, key } = {}) {
+    if (typeof text !== 'string') {
+      throw new TypeError('ask takes the question as a string');
+    }
+    if (choices != null && (!Array.isArray(choices) || choices.some((c) => typeof c !== 'string'))) {
+      throw new TypeError('choices must be an array of strings');
+    }
+    const options = {
+      choices: choices ?? undefined,
+      timeout: timeout ?? undefined,
+      default: fallback ?? undefined,
+      key: key ?? undefined,
+    };
+    const answer = await mapped(this.#native.ask(text, options));
+    return answer ?? null;
+  }
+
+  /**
+   * The next message sent to this execution (`tether send ID`), waiting up
+   * to `timeout` seconds (default: forever); null when none came. At least
+   * once: a message is removed from the inbox when the next `recv` is
+   * made, so one this worker was handling when it died is handed to its
+   * next attempt again (compare `msg.id` to skip it).
+   */
+  async recv({ timeout } = {}) {
+    const raw = await mapped(this.#native.recv(timeout ?? null));
+    return raw === null || raw === undefined ? null : new Message(raw);
   }
 }
 
@@ -510,12 +568,33 @@ class Client {
   async prune({ olderThan } = {}) {
     return mapped(this.#native.prune(olderThan ?? null));
   }
+
+  /** Queues `message` (a string or a Buffer) in the inbox of execution `id`; resolves to its id. */
+  async send(id, message) {
+    return mapped(this.#native.send(id, lineBytes(message, 'message')));
+  }
+
+  /**
+   * Answers a question of execution `id` (its one open question unless
+   * `question` names one); resolves to the question, closed (the fields of
+   * `tether questions --json`).
+   */
+  async answer(id, answer, { question } = {}) {
+    const qid = count(question, 'question');
+    return JSON.parse(await mapped(this.#native.answer(id, answer, qid ?? null)));
+  }
+
+  /** The open questions (`all`: every one), of execution `id` when given (the fields of `tether questions --json`). */
+  async questions({ all = false, id } = {}) {
+    return JSON.parse(await mapped(this.#native.questions(Boolean(all), id ?? null)));
+  }
 }
 
 module.exports = {
   Checkpoint,
   Client,
   Frame,
+  Message,
   NotFound,
   ProtocolError,
   Refused,

@@ -137,6 +137,16 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A question closed at its timeout with no default to record as the
+    /// answer (`tether ask`, exit code 1).
+    #[error("question {question} timed out with no answer")]
+    Unanswered { question: u64 },
+
+    /// No message came to the inbox within the time given (`tether recv
+    /// --timeout`, exit code 1).
+    #[error("no message for {execution} within {}", humanize(*.waited))]
+    NoMessage { execution: String, waited: Duration },
+
     // The worker SDK's own (see `crate::worker`); exit code 1.
     /// The program was not started by tether: a variable it sets is absent.
     #[error(
@@ -182,8 +192,9 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// The process exit code this error maps to: 1 error, 2 usage, 3 not
-    /// found, 4 cannot reach the daemon.
+    /// The process exit code this error maps to: 1 error (also an answer
+    /// to a question already answered), 2 usage (also an invalid answer),
+    /// 3 not found, 4 cannot reach the daemon.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Unreachable { .. } => EXIT_UNREACHABLE,
@@ -193,7 +204,11 @@ impl Error {
             {
                 EXIT_NOT_FOUND
             }
+            // An answer outside the choices, or one that names no question
+            // while several are open: the command line must change.
+            Error::Daemon { code, .. } if *code == ErrorCode::INVALID_ANSWER => EXIT_USAGE,
             Error::Usage(_) => EXIT_USAGE,
+            // `already_answered` among them: the question stands answered.
             _ => EXIT_ERROR,
         }
     }
@@ -308,6 +323,32 @@ mod tests {
             message: "beyond".into(),
         };
         assert_eq!(refused.exit_code(), 1);
+    }
+
+    #[test]
+    fn gates_that_closed_empty_say_so_and_exit_1() {
+        let e = Error::Unanswered { question: 3 };
+        assert_eq!(e.to_string(), "question 3 timed out with no answer");
+        assert_eq!(e.exit_code(), 1);
+        let e = Error::NoMessage {
+            execution: "job-1".into(),
+            waited: Duration::from_secs(2),
+        };
+        assert_eq!(e.to_string(), "no message for job-1 within 2s");
+        assert_eq!(e.exit_code(), 1);
+    }
+
+    #[test]
+    fn refused_answers_exit_as_the_design_says() {
+        let refusal = |code| Error::Daemon {
+            code,
+            message: "refused".into(),
+        };
+        assert_eq!(refusal(ErrorCode::ALREADY_ANSWERED).exit_code(), 1);
+        assert_eq!(refusal(ErrorCode::INVALID_ANSWER).exit_code(), 2);
+        assert_eq!(refusal(ErrorCode::NOT_FOUND).exit_code(), 3);
+        assert!(!refusal(ErrorCode::ALREADY_ANSWERED).is_transient());
+        assert!(!refusal(ErrorCode::INVALID_ANSWER).is_transient());
     }
 
     #[test]

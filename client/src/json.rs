@@ -4,9 +4,11 @@
 //! read the same in every language.
 
 use serde::Serialize;
+use serde_json::json;
 use serde_json::Value;
 use tether_protocol::{
-    ExecutionDetail, ExecutionInfo, ExitStatus, StatusInfo, StorageState, StreamInfo,
+    Answerer, ExecutionDetail, ExecutionInfo, ExitStatus, QuestionInfo, StatusInfo, StorageState,
+    StreamInfo,
 };
 
 use crate::error::{Error, Result};
@@ -84,6 +86,58 @@ pub fn status(status: &StatusInfo, storage: Option<&StorageState>) -> Result<Val
 /// `{"name","acked_through"}`).
 pub fn stream(info: &StreamInfo) -> Result<Value> {
     render(info, "stream info")
+}
+
+/// A question as `tether questions --json` prints it: `id`, `execution`,
+/// `key`, `text`, `choices`, `default`, `asked_micros`, `deadline_micros`,
+/// `attempt`, `seq`, `answer`, `answered_by` (`{"uid","user"}`,
+/// `"timeout"`, or null while open), `answered_micros` and `state`
+/// (`open`, `answered` or `timed out`).
+pub fn question(q: &QuestionInfo) -> Value {
+    let outcome = q.outcome.as_ref();
+    let answered_by = outcome.map(|o| match &o.by {
+        Answerer::User { uid, name } => json!({ "uid": uid, "user": name }),
+        Answerer::Timeout => Value::from("timeout"),
+    });
+    json!({
+        "id": q.id,
+        "execution": q.execution,
+        "key": q.key,
+        "text": q.text,
+        "choices": q.choices,
+        "default": q.default,
+        "asked_micros": q.asked_micros,
+        "deadline_micros": q.deadline_micros,
+        "attempt": q.attempt,
+        "seq": q.seq,
+        "answer": outcome.and_then(|o| o.answer.clone()),
+        "answered_by": answered_by,
+        "answered_micros": outcome.map(|o| o.answered_micros),
+        "state": question_state(q),
+    })
+}
+
+/// What `ps --json` shows as `question` for an execution waiting on `q`:
+/// `{"id","text","choices","asked_micros"}`, or null.
+pub fn waiting_question(q: Option<&QuestionInfo>) -> Value {
+    q.map_or(Value::Null, |q| {
+        json!({
+            "id": q.id,
+            "text": q.text,
+            "choices": q.choices,
+            "asked_micros": q.asked_micros,
+        })
+    })
+}
+
+/// `open`, `answered` or `timed out`: a question closed by its timeout
+/// counts as timed out, even with its default recorded as the answer.
+pub fn question_state(q: &QuestionInfo) -> &'static str {
+    match &q.outcome {
+        None => "open",
+        Some(o) if o.by == Answerer::Timeout => "timed out",
+        Some(_) => "answered",
+    }
 }
 
 fn render(value: &impl Serialize, what: &str) -> Result<Value> {

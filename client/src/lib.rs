@@ -19,6 +19,8 @@
 //! * [`time`]: RFC 3339 timestamps and short ages for output.
 //! * [`worker`]: the worker SDK for supervised programs: [`Worker`]
 //!   (emit, checkpoint, restore, durable steps) and [`CheckpointTrigger`].
+//! * [`gates`]: human gates and inboxes: ask and await the answer,
+//!   answer, list questions, send to and receive from an inbox.
 //! * [`json`]: JSON views of the daemon's answers (`--json`, the SDKs).
 //! * [`sdk`]: what the Python and Node bindings share: a client that keeps
 //!   producer seqs per stream, tails in batches with a cursor file or
@@ -32,6 +34,7 @@ pub mod backoff;
 pub mod conn;
 pub mod cursor;
 pub mod error;
+pub mod gates;
 pub mod json;
 pub mod publisher;
 pub mod sdk;

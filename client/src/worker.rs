@@ -85,6 +85,11 @@ pub struct Worker {
     attempt: Option<u64>,
     session: Mutex<Session>,
     emitter: Mutex<Emitter>,
+    /// For what opens sessions of its own (`ask`, `recv`).
+    connector: Connector,
+    /// The id of the inbox message [`Worker::recv`] handed over last, to
+    /// be removed from the inbox by the next `recv`.
+    pub(crate) handed: Mutex<Option<u64>>,
 }
 
 impl Worker {
@@ -123,8 +128,10 @@ impl Worker {
         let execution = execution.into();
         let emitter = Emitter::new(&connector, &execution)?;
         Ok(Self {
-            session: Mutex::new(Session::new(connector)),
+            session: Mutex::new(Session::new(connector.clone())),
             emitter: Mutex::new(emitter),
+            connector,
+            handed: Mutex::new(None),
             execution,
             resumed,
             attempt: None,
@@ -141,6 +148,11 @@ impl Worker {
     /// (`TETHER_RESUMED=1`): [`Worker::restore`] then has state to return.
     pub fn is_resumed(&self) -> bool {
         self.resumed
+    }
+
+    /// How this worker reaches the daemon.
+    pub fn connector(&self) -> &Connector {
+        &self.connector
     }
 
     /// The execution id, which is also the name of its stream.

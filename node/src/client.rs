@@ -205,6 +205,45 @@ impl NativeClient {
         self.inner.rm(ids, force).await.map_err(to_napi)
     }
 
+    /// Queues `message` in the inbox of execution `id`; resolves to its id
+    /// once it is durable.
+    #[napi]
+    pub async fn send(&self, id: String, message: Buffer) -> napi::Result<f64> {
+        let queued = self
+            .inner
+            .send(&id, Bytes::from(message.to_vec()))
+            .await
+            .map_err(to_napi)?;
+        Ok(queued as f64)
+    }
+
+    /// Answers a question of execution `id` (its one open question when
+    /// `question` is none); resolves to the question, closed, as the JSON
+    /// `tether questions --json` prints.
+    #[napi]
+    pub async fn answer(
+        &self,
+        id: String,
+        answer: String,
+        question: Option<f64>,
+    ) -> napi::Result<String> {
+        let question = question.map(|q| whole(q, "question")).transpose()?;
+        let closed = self
+            .inner
+            .answer(&id, &answer, question)
+            .await
+            .map_err(to_napi)?;
+        Ok(closed.to_string())
+    }
+
+    /// The open questions (every one with `all`), of execution `id` when
+    /// given, as a JSON array of what `tether questions --json` prints.
+    #[napi]
+    pub async fn questions(&self, all: bool, id: Option<String>) -> napi::Result<String> {
+        let found = self.inner.questions(all, id).await.map_err(to_napi)?;
+        Ok(serde_json::Value::Array(found).to_string())
+    }
+
     /// Removes ended executions that ended at least `older_than` seconds
     /// ago (none: the daemon's `keep_ended`); resolves to the ids removed.
     #[napi]
@@ -357,7 +396,7 @@ fn kind_index(kind: FrameKind) -> u8 {
 }
 
 /// A number of seconds as a duration; `what` names the argument.
-fn seconds(secs: f64, what: &str) -> napi::Result<Duration> {
+pub(crate) fn seconds(secs: f64, what: &str) -> napi::Result<Duration> {
     Duration::try_from_secs_f64(secs)
         .map_err(|_| argument(format!("{what} must be a number of seconds >= 0")))
 }

@@ -8,6 +8,7 @@ use napi::bindgen_prelude::Buffer;
 use napi_derive::napi;
 use tether_protocol::FrameKind;
 
+use crate::client::seconds;
 use crate::errors::{argument, worker_to_napi};
 
 /// The variable with the attempt number, when the daemon sets one.
@@ -46,8 +47,70 @@ impl std::fmt::Debug for NativeCheckpoint {
     }
 }
 
+/// A message from the execution's inbox, as the native side hands it over.
+#[napi(object)]
+pub struct NativeMessage {
+    /// Unique in the daemon, rising in the order messages were sent.
+    pub id: f64,
+    pub data: Buffer,
+    /// When it was sent, milliseconds since the epoch (as `Date.now()`).
+    pub ts: f64,
+    /// The uid of the sender.
+    pub sender_uid: u32,
+}
+
+impl std::fmt::Debug for NativeMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NativeMessage")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A question as `ask` takes it (`text` aside).
+#[napi(object)]
+#[derive(Debug)]
+pub struct NativeAsk {
+    pub choices: Option<Vec<String>>,
+    /// Seconds.
+    pub timeout: Option<f64>,
+    pub default: Option<String>,
+    pub key: Option<String>,
+}
+
 #[napi]
 impl NativeWorker {
+    /// Asks a question and resolves to its answer once it closes; null
+    /// when it timed out with no default.
+    #[napi]
+    pub async fn ask(&self, text: String, options: NativeAsk) -> napi::Result<Option<String>> {
+        let question = tether::gates::Question {
+            execution: String::new(),
+            text,
+            choices: options.choices.unwrap_or_default(),
+            timeout: options.timeout.map(|t| seconds(t, "timeout")).transpose()?,
+            default: options.default,
+            key: options.key,
+        };
+        question.check().map_err(|e| argument(e.to_string()))?;
+        self.inner.ask(question).await.map_err(worker_to_napi)
+    }
+
+    /// The next inbox message, waiting up to `timeout` seconds (none:
+    /// forever); null when none came. The message handed over before it
+    /// is removed from the inbox first.
+    #[napi]
+    pub async fn recv(&self, timeout: Option<f64>) -> napi::Result<Option<NativeMessage>> {
+        let timeout = timeout.map(|t| seconds(t, "timeout")).transpose()?;
+        let got = self.inner.recv(timeout).await.map_err(worker_to_napi)?;
+        Ok(got.map(|m| NativeMessage {
+            id: m.id as f64,
+            data: Buffer::from(m.data.to_vec()),
+            ts: m.sent_micros as f64 / 1e3,
+            sender_uid: m.sender_uid,
+        }))
+    }
+
     /// The worker of the execution this process runs as; an error outside
     /// `tether run`.
     #[napi(factory)]

@@ -49,6 +49,10 @@ test('index.d.ts declares each class with its members', () => {
   const frame = Reflect.construct(tether.Frame, ['s', 1, 0, 'data', Buffer.alloc(0)]);
   assert.deepEqual(declared('Checkpoint'), actual(tether.Checkpoint, checkpoint));
   assert.deepEqual(declared('Frame'), actual(tether.Frame, frame));
+  const message = Reflect.construct(tether.Message, [
+    { id: 1, data: Buffer.alloc(0), ts: 0, senderUid: 0 },
+  ]);
+  assert.deepEqual(declared('Message'), actual(tether.Message, message));
   assert.deepEqual(declared('Worker'), actual(tether.Worker));
   assert.deepEqual(declared('Tail'), actual(tether.Tail));
   assert.deepEqual(declared('Client'), actual(tether.Client));

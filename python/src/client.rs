@@ -20,7 +20,7 @@ use crate::{block_on, Error};
 
 /// How long a blocking wait for a frame lasts before Python gets to see a
 /// pending signal (Ctrl-C); the wait then carries on.
-const SIGNAL_CHECK: Duration = Duration::from_millis(200);
+pub(crate) const SIGNAL_CHECK: Duration = Duration::from_millis(200);
 
 /// Frames fetched from the library at once: iteration then hands them out
 /// with the GIL held and no async call.
@@ -217,6 +217,43 @@ impl Client {
         block_on(py, move || async move { inner.rm(ids, force).await })?.map_err(to_py)
     }
 
+    /// Queues `message` (str or bytes) in the inbox of execution `id`;
+    /// returns its id once it is durable.
+    fn send(&self, py: Python<'_>, id: String, message: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let message = message_bytes(message)?;
+        let inner = &self.inner;
+        block_on(py, move || async move { inner.send(&id, message).await })?.map_err(to_py)
+    }
+
+    /// Answers a question of execution `id` (its one open question when
+    /// `question` is None); returns the question, closed, as a dict with
+    /// the fields of `tether questions --json`.
+    #[pyo3(signature = (id, answer, question=None))]
+    fn answer(
+        &self,
+        py: Python<'_>,
+        id: String,
+        answer: String,
+        question: Option<u64>,
+    ) -> PyResult<Py<PyAny>> {
+        let inner = &self.inner;
+        let value = block_on(py, move || async move {
+            inner.answer(&id, &answer, question).await
+        })?
+        .map_err(to_py)?;
+        from_json(py, &value)
+    }
+
+    /// The open questions (every one with `all`), of execution `id` when
+    /// given, as dicts with the fields of `tether questions --json`.
+    #[pyo3(signature = (all=false, id=None))]
+    fn questions(&self, py: Python<'_>, all: bool, id: Option<String>) -> PyResult<Py<PyAny>> {
+        let inner = &self.inner;
+        let found =
+            block_on(py, move || async move { inner.questions(all, id).await })?.map_err(to_py)?;
+        from_json(py, &serde_json::Value::Array(found))
+    }
+
     /// Removes ended executions that ended at least `older_than` seconds
     /// ago (`None`: the daemon's `keep_ended`); returns the ids removed.
     #[pyo3(signature = (older_than=None))]
@@ -229,8 +266,19 @@ impl Client {
     }
 }
 
+/// A message as `send` takes it: str (as UTF-8) or bytes.
+fn message_bytes(message: &Bound<'_, PyAny>) -> PyResult<Bytes> {
+    if let Ok(text) = message.cast::<PyString>() {
+        return Ok(Bytes::copy_from_slice(text.to_cow()?.as_bytes()));
+    }
+    if let Ok(bytes) = message.cast::<PyBytes>() {
+        return Ok(Bytes::copy_from_slice(bytes.as_bytes()));
+    }
+    Err(PyTypeError::new_err("a message must be str or bytes"))
+}
+
 /// A number of seconds as a duration; `what` names the argument.
-fn seconds(secs: f64, what: &str) -> PyResult<Duration> {
+pub(crate) fn seconds(secs: f64, what: &str) -> PyResult<Duration> {
     Duration::try_from_secs_f64(secs)
         .map_err(|_| PyValueError::new_err(format!("{what} must be a number of seconds >= 0")))
 }

@@ -87,6 +87,29 @@ where
     Ok(py.detach(|| rt.block_on(make())))
 }
 
+/// Like [`block_on`], for waits that may last hours (a question's
+/// answer, an inbox message): the GIL is taken back every
+/// [`client::SIGNAL_CHECK`] to let Python act on a pending signal, so
+/// Ctrl-C interrupts the wait (and drops it) instead of going unheard.
+fn block_on_interruptible<F>(py: Python<'_>, future: F) -> PyResult<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    let rt = runtime()?;
+    let mut future = std::pin::pin!(future);
+    loop {
+        // The timer is made inside `block_on`: it needs the runtime's
+        // context, which this (Python's) thread has only there.
+        let slice = async { tokio::time::timeout(client::SIGNAL_CHECK, future.as_mut()).await };
+        let sliced = py.detach(|| rt.block_on(slice));
+        match sliced {
+            Ok(output) => return Ok(output),
+            Err(_) => py.check_signals()?,
+        }
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -101,6 +124,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Frame>()?;
     m.add_class::<worker::Worker>()?;
     m.add_class::<worker::Checkpoint>()?;
+    m.add_class::<worker::Message>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

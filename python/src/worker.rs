@@ -8,8 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tether_protocol::{FrameKind, UserMeta};
 
-use crate::block_on;
+use crate::client::seconds;
 use crate::errors::worker_to_py;
+use crate::{block_on, block_on_interruptible};
 
 /// The native worker handle; see `tether.Worker`.
 #[derive(Debug)]
@@ -123,6 +124,50 @@ impl Worker {
         .map_err(worker_to_py)
     }
 
+    /// Asks a question and waits for its answer (see `tether.Worker.ask`);
+    /// None when it timed out with no default.
+    #[pyo3(signature = (text, choices=Vec::new(), timeout=None, default=None, key=None))]
+    fn ask(
+        &self,
+        py: Python<'_>,
+        text: String,
+        choices: Vec<String>,
+        timeout: Option<f64>,
+        default: Option<String>,
+        key: Option<String>,
+    ) -> PyResult<Option<String>> {
+        let question = tether::gates::Question {
+            execution: String::new(),
+            text,
+            choices,
+            timeout: timeout.map(|t| seconds(t, "timeout")).transpose()?,
+            default,
+            key,
+        };
+        question
+            .check()
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+        let inner = Arc::clone(&self.inner);
+        block_on_interruptible(py, async move { inner.ask(question).await })?.map_err(worker_to_py)
+    }
+
+    /// The next inbox message, waiting up to `timeout` seconds (None:
+    /// forever); None when the timeout passed with none. The message
+    /// handed over before it is removed from the inbox first.
+    #[pyo3(signature = (timeout=None))]
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Message>> {
+        let timeout = timeout.map(|t| seconds(t, "timeout")).transpose()?;
+        let inner = Arc::clone(&self.inner);
+        let got = block_on_interruptible(py, async move { inner.recv(timeout).await })?
+            .map_err(worker_to_py)?;
+        Ok(got.map(|m| Message {
+            id: m.id,
+            data: PyBytes::new(py, &m.data).unbind(),
+            ts: m.sent_micros as f64 / 1e6,
+            sender_uid: m.sender_uid,
+        }))
+    }
+
     /// Appends one frame of `kind` (`stdout`, `stderr`, `user`, ...) to
     /// the execution's stream; durable when this returns.
     fn emit(&self, py: Python<'_>, kind: &str, payload: Vec<u8>) -> PyResult<()> {
@@ -180,5 +225,36 @@ impl Checkpoint {
             "Checkpoint(id={}, seq={}, schema_version={})",
             self.id, self.seq, self.schema_version
         )
+    }
+}
+
+/// A message from the execution's inbox.
+#[derive(Debug)]
+#[pyclass(frozen, module = "tether._native")]
+pub struct Message {
+    /// Unique in the daemon, rising in the order messages were sent.
+    #[pyo3(get)]
+    id: u64,
+    /// The message's bytes.
+    #[pyo3(get)]
+    data: Py<PyBytes>,
+    /// When it was sent, seconds since the epoch.
+    #[pyo3(get)]
+    ts: f64,
+    /// The uid of the sender.
+    #[pyo3(get)]
+    sender_uid: u32,
+}
+
+#[pymethods]
+impl Message {
+    /// The data as text (UTF-8, invalid bytes replaced).
+    #[getter]
+    fn text(&self, py: Python<'_>) -> String {
+        String::from_utf8_lossy(self.data.bind(py).as_bytes()).into_owned()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Message(id={})", self.id)
     }
 }

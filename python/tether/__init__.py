@@ -1,5 +1,6 @@
 """tether: publish to and read tether streams, and write workers that survive
-restarts (checkpoints, memoised steps).
+restarts (checkpoints, memoised steps) and wait for people (questions,
+inbox messages).
 
 Everything that speaks to the daemon is the Rust client library, reached
 through the ``tether._native`` extension; this module adds JSON encoding and
@@ -10,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Callable, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar, Union
 
 from ._native import (
     Checkpoint,
     Client,
     Error,
     Frame,
+    Message,
     NotFound,
     ProtocolError,
     Refused,
@@ -32,6 +34,7 @@ __all__ = [
     "Client",
     "Error",
     "Frame",
+    "Message",
     "NotFound",
     "ProtocolError",
     "Refused",
@@ -131,6 +134,37 @@ class Worker:
     def event(self, data: dict) -> None:
         """Appends ``data`` as one JSON frame of kind ``user``."""
         self._native.emit("user", _encode(data))
+
+    def ask(
+        self,
+        text: str,
+        choices: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = None,
+        default: Optional[str] = None,
+        key: Optional[str] = None,
+    ) -> Optional[str]:
+        """Asks a person ``text`` and blocks until it is answered; returns
+        the answer. ``choices`` limits the answers; after ``timeout``
+        seconds ``default`` becomes the answer, or without one this returns
+        None. The execution is ``waiting`` meanwhile (``tether ps``), and
+        ``tether answer ID ANSWER`` answers it.
+
+        Asked again by a restarted attempt, the same question (same
+        ``key``; by default the text and how many times this attempt asked
+        it before) returns the recorded answer at once: a person is never
+        asked twice for one decision. Ctrl-C interrupts the wait."""
+        return self._native.ask(text, list(choices or []), timeout, default, key)
+
+    def recv(self, timeout: Optional[float] = None) -> Optional[Message]:
+        """The next message sent to this execution (``tether send ID``),
+        waiting up to ``timeout`` seconds (None: forever); None when none
+        came. ``msg.id``, ``msg.data`` (bytes), ``msg.text``.
+
+        At least once: a message is removed from the inbox when the next
+        ``recv`` is made, so one that this worker was handling when it died
+        is handed to its next attempt again (compare ``msg.id`` with the
+        last one handled to skip it)."""
+        return self._native.recv(timeout)
 
 
 def _decode_step(recorded: bytes) -> Any:

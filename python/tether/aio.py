@@ -13,9 +13,20 @@ import asyncio
 import inspect
 from collections import deque
 from os import PathLike
-from typing import Any, Awaitable, Callable, Deque, List, Mapping, Optional, TypeVar, Union
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Deque,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    TypeVar,
+    Union,
+)
 
-from . import Checkpoint, Frame, _decode_step, _encode
+from . import Checkpoint, Frame, Message, _decode_step, _encode
 from . import Client as _SyncClient
 from . import Worker as _SyncWorker
 
@@ -166,6 +177,15 @@ class Client:
     async def prune(self, older_than: Optional[float] = None) -> list:
         return await asyncio.to_thread(self._sync.prune, older_than)
 
+    async def send(self, id: str, message: Union[str, bytes]) -> int:
+        return await asyncio.to_thread(self._sync.send, id, message)
+
+    async def answer(self, id: str, answer: str, question: Optional[int] = None) -> dict:
+        return await asyncio.to_thread(self._sync.answer, id, answer, question)
+
+    async def questions(self, all: bool = False, id: Optional[str] = None) -> list:
+        return await asyncio.to_thread(self._sync.questions, all, id)
+
 
 class Worker:
     """``tether.Worker`` with coroutines. Get one with ``Worker.from_env()``."""
@@ -229,3 +249,19 @@ class Worker:
 
     async def event(self, data: dict) -> None:
         await asyncio.to_thread(self._sync.event, data)
+
+    async def ask(
+        self,
+        text: str,
+        choices: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = None,
+        default: Optional[str] = None,
+        key: Optional[str] = None,
+    ) -> Optional[str]:
+        """``tether.Worker.ask``, awaited. The wait holds one thread until
+        the question closes, even if the awaiting task is cancelled."""
+        return await asyncio.to_thread(self._sync.ask, text, choices, timeout, default, key)
+
+    async def recv(self, timeout: Optional[float] = None) -> Optional[Message]:
+        """``tether.Worker.recv``, awaited (at least once, as there)."""
+        return await asyncio.to_thread(self._sync.recv, timeout)

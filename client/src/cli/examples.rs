@@ -75,6 +75,37 @@ const EXAMPLES: &[(&str, &str)] = &[
   tether wait 3f2a9c 7b1e04 && echo both completed",
     ),
     (
+        "ask",
+        "  answer=$(tether ask --choices yes,no 'Deploy to prod?')
+  tether ask --timeout 30m --default no --choices yes,no 'Delete the old data?'
+  tether ask --key \"review-$PR\" 'Looks good?'
+  tether ask --execution 3f2a9c 'Which region?'",
+    ),
+    (
+        "answer",
+        "  tether answer agent yes
+  tether answer 3f2a9c --question 12 eu-west-1
+  tether answer agent --host ssh://ops@build1 no",
+    ),
+    (
+        "questions",
+        "  tether questions
+  tether questions --all
+  tether questions --follow
+  tether questions --all --json",
+    ),
+    (
+        "send",
+        "  tether send agent 'stop after this batch'
+  tether send agent < instructions.txt",
+    ),
+    (
+        "recv",
+        "  msg=$(tether recv)
+  tether recv --timeout 10s
+  tether recv --all --print-id",
+    ),
+    (
         "resume",
         "  tether resume agent
   tether resume --checkpoint 12 3f2a9c",

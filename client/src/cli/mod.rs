@@ -4,6 +4,8 @@
 //! * [`publish`], [`tail`], [`streams`], [`status`], [`metrics`], [`run`],
 //!   [`ps`], [`stop`], [`checkpoint`], [`rm`] (`rm`, `prune`, `streams
 //!   rm`), [`apply`]: the commands.
+//! * [`questions`] (`ask`, `answer`, `questions`) and [`inbox`] (`send`,
+//!   `recv`): human gates and inboxes.
 //! * [`dial_stdio`]: the bridge that `--host ssh://` runs on the remote
 //!   machine.
 //! * [`attach`]: `attach` and `run --attach`, following an execution until
@@ -23,11 +25,13 @@ pub mod checkpoint;
 pub mod dial_stdio;
 pub mod duration;
 pub mod examples;
+pub mod inbox;
 pub mod lines;
 pub mod metrics;
 pub mod output;
 pub mod ps;
 pub mod publish;
+pub mod questions;
 pub mod resume;
 pub mod rm;
 pub mod run;
@@ -142,6 +146,16 @@ enum Command {
     /// Wait until executions have ended; exit with the last one's worker's
     /// exit code.
     Wait(wait::WaitArgs),
+    /// Ask a question for an execution and wait for the answer; print it.
+    Ask(questions::AskArgs),
+    /// Answer an execution's question; the first answer wins.
+    Answer(questions::AnswerArgs),
+    /// List open questions (all of them with --all).
+    Questions(questions::QuestionsArgs),
+    /// Queue a message in an execution's inbox.
+    Send(inbox::SendArgs),
+    /// Print the next message of an execution's inbox, and remove it.
+    Recv(inbox::RecvArgs),
     /// Bridge stdin and stdout to the local daemon's socket (what
     /// --host ssh:// runs on the remote machine).
     DialStdio,
@@ -260,6 +274,11 @@ pub fn main() -> ExitCode {
             Command::Step(args) => step::run(&context, args).await,
             Command::Attach(args) => Ok(attach::run(&context, args).await),
             Command::Wait(args) => Ok(wait::run(&context, args).await),
+            Command::Ask(args) => questions::ask(&context, args).await,
+            Command::Answer(args) => questions::answer(&context, args).await,
+            Command::Questions(args) => questions::questions(&context, args).await,
+            Command::Send(args) => inbox::send(&context, args).await,
+            Command::Recv(args) => inbox::recv(&context, args).await,
             Command::DialStdio => done(dial_stdio::run(&context).await),
             Command::Metrics => done(metrics::run(&context).await),
             Command::Completions(_) | Command::Manpages(_) => Ok(EXIT_OK),

@@ -7,7 +7,8 @@
 //! CHECKPOINT (`-`, or the newest checkpoint's seq and age, `17 (3m ago)`),
 //! LAST-SEQ (the stream's last seq) and REASON (why it ended: `exit N`,
 //! `signal NAME`, `deadline`, `crash loop`, `max restarts`, `stopped`,
-//! `lost`, `spawn failed`; `-` while it has not). Without `--all` only
+//! `lost`, `spawn failed`; for a `waiting` one, its oldest open question
+//! and its age, `asked 3m ago: Deploy?`; `-` while it runs). Without `--all` only
 //! executions that have not ended are listed. Naming ids (or names) lists
 //! just those, ended or not; an unknown one exits 3. `--label K=V` keeps
 //! the executions with that label (repeated: with every one of them).
@@ -20,13 +21,17 @@
 //! environment's names, never its values), `cwd`, `cpu_percent` and
 //! `rss_bytes` (null when no worker runs), `labels` (an object), `parent`
 //! (an id or null) and `children` (ids). A daemon too old to report the
-//! last seven leaves them empty.
+//! last seven leaves them empty. `question` is a waiting execution's
+//! oldest open question (`{"id","text","choices","asked_micros"}`), else
+//! null (the SDKs' `ps` gives the same).
 
 use clap::Args;
+use tether::gates::{open_questions_of_waiting, waiting_on};
 use tether::time::{age, now_micros};
 use tether::{Error, Result};
 use tether_protocol::{
-    ended_because, find_execution, ErrorCode, ExecutionDetail, ExecutionInfo, Named,
+    ended_because, find_execution, ErrorCode, ExecState, ExecutionDetail, ExecutionInfo, Named,
+    QuestionInfo,
 };
 
 use super::{table, write_stdout, Context};
@@ -52,7 +57,8 @@ pub struct PsArgs {
 /// Runs `tether ps`.
 pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
     let all = args.all || !args.ids.is_empty();
-    let mut executions = tether::sdk::execution_details(&ctx.connector("ps"), all).await?;
+    let connector = ctx.connector("ps");
+    let mut executions = tether::sdk::execution_details(&connector, all).await?;
     // Each ID may be a name: the live execution so named, else the newest
     // ended one (an id matching exactly wins).
     let mut wanted: Vec<String> = Vec::new();
@@ -67,15 +73,16 @@ pub async fn run(ctx: &Context, args: PsArgs) -> Result<()> {
         executions.retain(|e| wanted.contains(&e.info.id));
     }
     executions.retain(|e| has_labels(e, &args.labels));
+    let open = open_questions_of_waiting(&connector, executions.iter().map(|e| &e.info)).await?;
     let text = if ctx.json {
         executions
             .iter()
-            .map(detail_json_line)
+            .map(|e| detail_json_line(e, waiting_on(&open, &e.info)))
             .collect::<Result<String>>()?
     } else if executions.is_empty() && !args.ids.is_empty() {
         String::new()
     } else {
-        render(&executions, now_micros())
+        render(&executions, &open, now_micros())
     };
     write_stdout(text.as_bytes())?;
     match missing.as_slice() {
@@ -97,8 +104,21 @@ fn no_such_execution(ids: &[&String]) -> Error {
     }
 }
 
+/// The REASON of a row: why it ended, what it waits on, or `-`.
+fn reason(e: &ExecutionInfo, open: &[QuestionInfo], now: u64) -> String {
+    if let Some(q) = waiting_on(open, e) {
+        return format!("asked {} ago: {}", age(now, q.asked_micros), q.text);
+    }
+    if e.state == ExecState::Waiting {
+        // A question closed between the two requests: the daemon's own
+        // words, the oldest open question's text, are what is left.
+        return e.reason.clone().unwrap_or_else(|| "-".to_owned());
+    }
+    ended_because(e).unwrap_or_else(|| "-".to_owned())
+}
+
 /// The table, header first.
-fn render(executions: &[ExecutionDetail], now: u64) -> String {
+fn render(executions: &[ExecutionDetail], open: &[QuestionInfo], now: u64) -> String {
     let header = [
         "ID",
         "NAME",
@@ -131,7 +151,7 @@ fn render(executions: &[ExecutionDetail], now: u64) -> String {
             e.restarts.to_string(),
             checkpoint,
             e.stream_last_seq.to_string(),
-            ended_because(e).unwrap_or_else(|| "-".to_owned()),
+            reason(e, open, now),
         ]);
     }
     table::render(&rows)
@@ -152,9 +172,14 @@ pub fn json_line(e: &ExecutionInfo) -> Result<String> {
     Ok(tether::json::execution(e)?.to_string() + "\n")
 }
 
-/// One execution with its details as a JSON line (with its newline).
-fn detail_json_line(e: &ExecutionDetail) -> Result<String> {
-    Ok(tether::json::execution_detail(e)?.to_string() + "\n")
+/// One execution with its details, and the question it waits on, as a
+/// JSON line (with its newline).
+fn detail_json_line(e: &ExecutionDetail, question: Option<&QuestionInfo>) -> Result<String> {
+    let mut value = tether::json::execution_detail(e)?;
+    if let Some(map) = value.as_object_mut() {
+        map.insert("question".into(), tether::json::waiting_question(question));
+    }
+    Ok(value.to_string() + "\n")
 }
 
 #[cfg(test)]
@@ -222,11 +247,66 @@ pub(crate) mod tests {
     #[test]
     fn the_table_has_the_documented_columns() {
         assert_eq!(
-            render(&sample_details(), 1_700_000_000 * S),
+            render(&sample_details(), &[], 1_700_000_000 * S),
             "ID            NAME   STATE    PID   CPU%  RSS    RESTARTS  CHECKPOINT     LAST-SEQ  REASON\n\
              agent-abcdef  agent  running  4242  12.5  12.3M  2         1200 (2m ago)  1234      -\n\
              sh-zzzzzz     -      failed   -     -     -      0         -              3         exit 78\n"
         );
+    }
+
+    fn asked(id: u64, execution: &str, attempt: u32, ago: u64, text: &str) -> QuestionInfo {
+        QuestionInfo {
+            id,
+            execution: execution.into(),
+            key: format!("{text}#0"),
+            text: text.into(),
+            choices: vec!["yes".into(), "no".into()],
+            default: None,
+            asked_micros: 1_700_000_000 * S - ago * S,
+            deadline_micros: None,
+            attempt,
+            seq: 1,
+            outcome: None,
+        }
+    }
+
+    #[test]
+    fn a_waiting_execution_shows_its_question_and_its_age() {
+        let mut details = sample_details();
+        details[0].info.state = ExecState::Waiting;
+        details[0].info.reason = Some("Deploy to prod?".into());
+        let open = [
+            asked(9, "agent-abcdef", 3, 5, "Second?"),
+            asked(4, "agent-abcdef", 2, 600, "From attempt 2?"),
+            asked(7, "agent-abcdef", 3, 180, "Deploy to prod?"),
+            asked(8, "other-zzzzzz", 1, 900, "Not mine?"),
+        ];
+        let now = 1_700_000_000 * S;
+        let text = render(&details, &open, now);
+        let row = text.lines().nth(1).unwrap();
+        assert!(
+            row.starts_with("agent-abcdef  agent  waiting  4242"),
+            "{text}"
+        );
+        assert!(row.ends_with("  asked 3m ago: Deploy to prod?"), "{text}");
+        // Without the list, the daemon's text stands.
+        let text = render(&details, &[], now);
+        assert!(text.lines().nth(1).unwrap().ends_with("  Deploy to prod?"));
+        let line = detail_json_line(&details[0], waiting_on(&open, &details[0].info)).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["state"], "waiting");
+        assert_eq!(
+            value["question"],
+            serde_json::json!({
+                "id": 7,
+                "text": "Deploy to prod?",
+                "choices": ["yes", "no"],
+                "asked_micros": now - 180 * S,
+            })
+        );
+        let line = detail_json_line(&details[1], waiting_on(&open, &details[1].info)).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert!(value["question"].is_null());
     }
 
     #[test]
@@ -256,14 +336,14 @@ pub(crate) mod tests {
 
     #[test]
     fn json_details_name_the_environment_but_never_its_values() {
-        let line = detail_json_line(&sample_details()[0]).unwrap();
+        let line = detail_json_line(&sample_details()[0], None).unwrap();
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(value["id"], "agent-abcdef");
         assert_eq!(value["env_keys"], serde_json::json!(["PATH", "SECRET"]));
         assert_eq!(value["cwd"], "/srv/agent");
         assert_eq!(value["cpu_percent"], 12.5);
         assert_eq!(value["rss_bytes"], 12_900_000);
-        let ended = detail_json_line(&sample_details()[1]).unwrap();
+        let ended = detail_json_line(&sample_details()[1], None).unwrap();
         let value: serde_json::Value = serde_json::from_str(&ended).unwrap();
         assert!(value["cpu_percent"].is_null() && value["rss_bytes"].is_null());
     }

@@ -7,10 +7,13 @@
 //!   the supervisor's run, ps and stop as the CLI's JSON views.
 //! * [`Tail`]: a reader that hands out frames in batches and records what
 //!   the caller processed in a cursor file or as consumer acks.
+//! * [`Client::send`], [`Client::answer`], [`Client::questions`]: human
+//!   gates and inboxes (`gates.rs`).
 //! * [`RunOptions`]: a worker to start, as `tether run` takes it.
 //! * [`ErrorClass`]: which exception each SDK raises for an error.
 
 mod error_class;
+mod gates;
 pub mod run;
 mod tail;
 
@@ -183,10 +186,19 @@ impl Client {
     /// The executions that have not ended (`all`: every one), oldest
     /// first, as `tether ps --json` prints them.
     pub async fn ps(&self, all: bool) -> Result<Value> {
-        execution_details(&self.connector, all)
-            .await?
+        let details = execution_details(&self.connector, all).await?;
+        let infos = details.iter().map(|d| &d.info);
+        let open = crate::gates::open_questions_of_waiting(&self.connector, infos).await?;
+        details
             .iter()
-            .map(json::execution_detail)
+            .map(|d| {
+                let mut value = json::execution_detail(d)?;
+                if let Some(map) = value.as_object_mut() {
+                    let question = crate::gates::waiting_on(&open, &d.info);
+                    map.insert("question".into(), json::waiting_question(question));
+                }
+                Ok(value)
+            })
             .collect()
     }
 
