@@ -32,6 +32,8 @@ mod fault_degraded;
 mod fault_disk_full;
 mod fault_repair;
 mod fault_soak;
+mod gates_durable;
+mod gates_support;
 mod large_answers;
 mod local_security;
 mod local_security_admission;
