@@ -37,6 +37,7 @@ mod gates_durable;
 mod gates_key;
 mod gates_support;
 mod gates_timeout;
+mod inbox;
 mod large_answers;
 mod local_security;
 mod local_security_admission;
