@@ -281,3 +281,24 @@ pub fn ask_payload(
 pub fn answer_payload(question: u64, answer: Option<&str>, by: Value) -> Value {
     json!({"question": question, "answer": answer, "by": by})
 }
+
+#[test]
+fn question_tables_split_into_cells_with_ages_set_aside() {
+    let table = "EXECUTION   QUESTION  ASKED  CHOICES  TEXT     ANSWER\n\
+                 sh-abcdef   3         5s     yes,no   Deploy?  yes\n\
+                 sh-abcdef   12        13m             Why?     \n";
+    assert_eq!(
+        cells(table),
+        Ok(grid(
+            &ALL_HEADER,
+            &[
+                row_all("sh-abcdef", 3, "yes,no", "Deploy?", "yes"),
+                row_all("sh-abcdef", 12, "", "Why?", ""),
+            ]
+        ))
+    );
+    let not_an_age = "EXECUTION  QUESTION  ASKED  CHOICES  TEXT\nx          1         soon   a,b      T\n";
+    assert!(cells(not_an_age).unwrap_err().contains("\"soon\""));
+    let misaligned = "EXECUTION  QUESTION  ASKED  CHOICES  TEXT\nlong-execution-id 1 5s a,b T\n";
+    assert!(cells(misaligned).unwrap_err().contains("misaligned"));
+}
