@@ -196,6 +196,16 @@ pub fn wait_open(sup: &Supervised, id: &str, text: &str, seen: &[u64]) -> Value 
             assert_eq!(q["state"], "open", "{q}");
             return q;
         }
+        let info = sup.info(id);
+        let ended = ["completed", "failed", "cancelled", "lost"]
+            .iter()
+            .any(|s| info["state"] == *s);
+        if ended {
+            panic!(
+                "{id} ended before asking {text:?}: {info}\nstream:\n{}",
+                sup.describe(id)
+            );
+        }
         if start.elapsed() > TIMEOUT {
             panic!(
                 "timed out after {TIMEOUT:?} waiting for {id} to ask {text:?}; \
