@@ -1,4 +1,5 @@
-//! `tether-bench`: workloads W0, W1 and W2 against a `tetherd` it starts.
+//! `tether-bench`: workloads W0, W1, W2 and the human gates ones against a
+//! `tetherd` it starts.
 //!
 //! * W0, latency: one producer sends one frame at a time, the next after
 //!   the ack of the last; a live follower receives them. Producer-ack
@@ -36,7 +37,7 @@ use tether_bench::{tetherd_path, BoxError};
 
 use crate::report::Row;
 
-/// Workloads W0, W1 and W2 against a fresh tetherd per run.
+/// Workloads W0, W1, W2, answer and questions against a fresh tetherd per run.
 #[derive(Debug, Parser)]
 #[command(name = "tether-bench", version, about)]
 pub struct Args {
