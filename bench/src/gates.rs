@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::SinkExt;
 use tether_protocol::{
-    AnswerSpec, AskSpec, Capabilities, ExecState, ExecutionDetail, QuestionInfo, Request,
-    Response, RestartPolicy, RunSpec,
+    AnswerSpec, AskSpec, Capabilities, ExecState, ExecutionDetail, QuestionInfo, Request, Response,
+    RestartPolicy, RunSpec,
 };
 
 use tether_bench::{call, connect, next, percentile, BoxError, Conn, Daemon};
@@ -87,7 +87,8 @@ async fn start_workers(conn: &mut Conn, count: usize) -> Result<Vec<String>, Box
 
 /// `ListExecutionsFull` for the live executions, its parts joined.
 async fn executions(conn: &mut Conn) -> Result<Vec<ExecutionDetail>, BoxError> {
-    conn.send(Request::ListExecutionsFull { all: false }).await?;
+    conn.send(Request::ListExecutionsFull { all: false })
+        .await?;
     let mut all = Vec::new();
     loop {
         match next(conn).await? {
@@ -151,7 +152,11 @@ pub struct AnswerFigures {
 }
 
 /// The `answer` workload: `questions` asked and answered one at a time.
-pub async fn answer(tetherd: &Path, dir: &Path, questions: usize) -> Result<AnswerFigures, BoxError> {
+pub async fn answer(
+    tetherd: &Path,
+    dir: &Path,
+    questions: usize,
+) -> Result<AnswerFigures, BoxError> {
     let (_daemon, socket) = Daemon::start(tetherd, dir, &[])?;
     let mut asker = open(&socket).await?;
     let ids = start_workers(&mut asker, 1).await?;

@@ -160,7 +160,15 @@ fn the_gate_workloads_give_their_figures() {
     let bench = env!("CARGO_BIN_EXE_tether-bench");
     let answer = rows(&run_in_temp(
         bench,
-        &["--workload", "answer", "--questions", "3", "--json", "--tetherd", tetherd],
+        &[
+            "--workload",
+            "answer",
+            "--questions",
+            "3",
+            "--json",
+            "--tetherd",
+            tetherd,
+        ],
     ));
     assert_eq!(answer.len(), 1);
     assert_eq!(answer[0]["workload"], "answer");

@@ -64,12 +64,7 @@ impl Daemon {
 
     /// [`Daemon::start`] with `args` added to its command line (and every
     /// restart's).
-    pub fn start_with_args(
-        socket: &Path,
-        state_dir: &Path,
-        log_dir: &Path,
-        args: &[&str],
-    ) -> Self {
+    pub fn start_with_args(socket: &Path, state_dir: &Path, log_dir: &Path, args: &[&str]) -> Self {
         let mut daemon = Self::new(socket, state_dir, log_dir, &[]);
         daemon.args = args.iter().map(|a| (*a).to_owned()).collect();
         daemon.spawn_and_wait();

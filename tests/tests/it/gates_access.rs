@@ -30,9 +30,7 @@ fn open_daemon_with_a_question() -> (Supervised, String, u64) {
     let config = sb.file("tetherd.toml");
     std::fs::write(
         &config,
-        format!(
-            "[access]\nreaders = \"{READERS_GROUP}\"\nanswerers = [\"{ANSWERERS_GROUP}\"]\n"
-        ),
+        format!("[access]\nreaders = \"{READERS_GROUP}\"\nanswerers = [\"{ANSWERERS_GROUP}\"]\n"),
     )
     .unwrap();
     let config = config.display().to_string();
@@ -114,7 +112,12 @@ fn an_answerer_may_answer_and_list_but_not_send_or_ask() {
         &["ask", "--execution", &id, "Another?"],
     ));
 
-    assert_answered(&run_as(sb, answerer, &["answer", &id, "yes"]), &id, q, "yes");
+    assert_answered(
+        &run_as(sb, answerer, &["answer", &id, "yes"]),
+        &id,
+        q,
+        "yes",
+    );
     sup.wait_state(&id, "completed", TIMEOUT);
     assert_eq!(sup.stdout_lines(&id), ["got yes"]);
     assert_eq!(

@@ -63,7 +63,9 @@ fn an_answer_outside_the_choices_exits_2_and_leaves_the_question_open() {
     out.assert_code(2);
     assert_eq!(out.stdout, "");
     assert!(
-        out.stderr.starts_with("tether: ") && out.stderr.contains("yes") && out.stderr.contains("no"),
+        out.stderr.starts_with("tether: ")
+            && out.stderr.contains("yes")
+            && out.stderr.contains("no"),
         "the refusal lists the choices: {:?}",
         out.stderr
     );
@@ -101,7 +103,12 @@ fn two_open_questions_need_an_id_and_are_listed_exactly() {
     let out = answer(sb, &id, None, &["yes"]);
     out.assert_code(2);
     assert_eq!(out.stdout, "");
-    for part in [q1.to_string(), q2.to_string(), "Deploy?".into(), "Region?".into()] {
+    for part in [
+        q1.to_string(),
+        q2.to_string(),
+        "Deploy?".into(),
+        "Region?".into(),
+    ] {
         assert!(
             out.stderr.contains(&part),
             "the refusal lists both open questions; no {part:?} in {:?}",
@@ -136,11 +143,20 @@ fn two_open_questions_need_an_id_and_are_listed_exactly() {
             ]
         )
     );
-    assert_eq!(sup.info(&id)["state"], "waiting", "one question is still open");
+    assert_eq!(
+        sup.info(&id)["state"],
+        "waiting",
+        "one question is still open"
+    );
 
     assert_answered(&answer(sb, &id, None, &["yes"]), &id, q1, "yes");
     sup.wait_state(&id, "completed", TIMEOUT);
-    assert_eq!(sup.stdout_lines(&id), ["got yes eu"], "{}", sup.describe(&id));
+    assert_eq!(
+        sup.stdout_lines(&id),
+        ["got yes eu"],
+        "{}",
+        sup.describe(&id)
+    );
     assert_eq!(questions_table(sb, &[]), grid(&OPEN_HEADER, &[]));
     assert_eq!(
         questions_table(sb, &["--all"]),
@@ -194,12 +210,12 @@ fn rm_of_an_ended_execution_removes_its_questions() {
     let q2 = qid(&wait_open(&sup, &live, "Deploy?", &[]));
 
     assert_output(&sup.sb().run(&["rm", &ended]), 0, &format!("{ended}\n"), "");
-    let want = grid(
-        &ALL_HEADER,
-        &[row_all(&live, q2, "yes,no", "Deploy?", "")],
-    );
+    let want = grid(&ALL_HEADER, &[row_all(&live, q2, "yes,no", "Deploy?", "")]);
     assert_eq!(questions_table(sup.sb(), &["--all"]), want);
-    let listed: Vec<u64> = questions_json(sup.sb(), &["--all"]).iter().map(qid).collect();
+    let listed: Vec<u64> = questions_json(sup.sb(), &["--all"])
+        .iter()
+        .map(qid)
+        .collect();
     assert_eq!(listed, [q2]);
     // Answering a removed execution's question finds nothing.
     answer(sup.sb(), &ended, Some(q1), &["no"]).assert_code(3);

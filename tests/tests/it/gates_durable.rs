@@ -43,7 +43,14 @@ fn a_waiting_worker_survives_a_daemon_kill_and_gets_its_answer() {
     // again. Then the answer, then the worker's output.
     assert_eq!(
         json_frames(&sup, &id, "ask"),
-        [ask_payload(q, "Deploy?", &["yes", "no"], "Deploy?#0", None, None)],
+        [ask_payload(
+            q,
+            "Deploy?",
+            &["yes", "no"],
+            "Deploy?#0",
+            None,
+            None
+        )],
         "{}",
         sup.describe(&id)
     );
@@ -64,10 +71,7 @@ fn a_waiting_worker_survives_a_daemon_kill_and_gets_its_answer() {
     assert_eq!(questions_table(sup.sb(), &[]), grid(&OPEN_HEADER, &[]));
     assert_eq!(
         questions_table(sup.sb(), &["--all"]),
-        grid(
-            &ALL_HEADER,
-            &[row_all(&id, q, "yes,no", "Deploy?", "yes")]
-        )
+        grid(&ALL_HEADER, &[row_all(&id, q, "yes,no", "Deploy?", "yes")])
     );
 }
 

@@ -51,10 +51,7 @@ fn a_restarted_attempt_asking_again_gets_the_recorded_answer_at_once() {
     );
     assert_eq!(
         questions_table(sup.sb(), &["--all"]),
-        grid(
-            &ALL_HEADER,
-            &[row_all(&id, q, "yes,no", "Deploy?", "yes")]
-        ),
+        grid(&ALL_HEADER, &[row_all(&id, q, "yes,no", "Deploy?", "yes")]),
         "one question for one decision"
     );
     let all = questions_of(sup.sb(), &id);
@@ -62,7 +59,14 @@ fn a_restarted_attempt_asking_again_gets_the_recorded_answer_at_once() {
     assert_eq!(all[0]["key"], "Deploy?#0", "{}", all[0]);
     assert_eq!(
         json_frames(&sup, &id, "ask"),
-        [ask_payload(q, "Deploy?", &["yes", "no"], "Deploy?#0", None, None)]
+        [ask_payload(
+            q,
+            "Deploy?",
+            &["yes", "no"],
+            "Deploy?#0",
+            None,
+            None
+        )]
     );
     assert_eq!(
         json_frames(&sup, &id, "answer"),
@@ -124,7 +128,12 @@ fn the_same_text_twice_in_one_attempt_is_two_questions_counted_durably() {
             ]
         )
     );
-    assert_eq!(json_frames(&sup, &id, "ask").len(), 2, "{}", sup.describe(&id));
+    assert_eq!(
+        json_frames(&sup, &id, "ask").len(),
+        2,
+        "{}",
+        sup.describe(&id)
+    );
 }
 
 /// Two decisions with the same text told apart by `--key`, then the first

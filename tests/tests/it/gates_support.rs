@@ -74,8 +74,12 @@ pub fn questions_table(sb: &Sandbox, args: &[&str]) -> Vec<Vec<String>> {
 pub fn table_of(out: &Output) -> Vec<Vec<String>> {
     out.assert_success();
     assert_eq!(out.stderr, "", "`{}` wrote to stderr", out.command);
-    cells(&out.stdout)
-        .unwrap_or_else(|why| panic!("`{}` printed a table that {why}:\n{}", out.command, out.stdout))
+    cells(&out.stdout).unwrap_or_else(|why| {
+        panic!(
+            "`{}` printed a table that {why}:\n{}",
+            out.command, out.stdout
+        )
+    })
 }
 
 /// Splits a left-aligned table into cells (see [`questions_table`]).
@@ -96,8 +100,16 @@ pub fn cells(table: &str) -> Result<Vec<Vec<String>>, String> {
         let chars: Vec<char> = line.chars().collect();
         let mut row = Vec::with_capacity(starts.len());
         for (n, &start) in starts.iter().enumerate() {
-            let end = starts.get(n + 1).copied().unwrap_or(chars.len()).min(chars.len());
-            let cell: String = chars.get(start.min(end)..end).unwrap_or(&[]).iter().collect();
+            let end = starts
+                .get(n + 1)
+                .copied()
+                .unwrap_or(chars.len())
+                .min(chars.len());
+            let cell: String = chars
+                .get(start.min(end)..end)
+                .unwrap_or(&[])
+                .iter()
+                .collect();
             // A cell that runs into the next column is misaligned.
             if n + 1 < starts.len() && end > start && chars.get(end - 1).is_some_and(|c| *c != ' ')
             {
@@ -165,7 +177,9 @@ pub fn questions_json(sb: &Sandbox, args: &[&str]) -> Vec<Value> {
     out.assert_success();
     out.stdout
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("`questions --json`: {l:?}: {e}")))
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("`questions --json`: {l:?}: {e}"))
+        })
         .collect()
 }
 
@@ -189,9 +203,9 @@ pub fn qid(q: &Value) -> u64 {
 pub fn wait_open(sup: &Supervised, id: &str, text: &str, seen: &[u64]) -> Value {
     let start = Instant::now();
     loop {
-        let open = questions_json(sup.sb(), &[]).into_iter().find(|q| {
-            q["execution"] == id && q["text"] == text && !seen.contains(&qid(q))
-        });
+        let open = questions_json(sup.sb(), &[])
+            .into_iter()
+            .find(|q| q["execution"] == id && q["text"] == text && !seen.contains(&qid(q)));
         if let Some(q) = open {
             assert_eq!(q["state"], "open", "{q}");
             return q;
@@ -262,7 +276,10 @@ pub fn json_frames(sup: &Supervised, id: &str, kind: &str) -> Vec<Value> {
         .filter(|f| f.kind == kind)
         .map(|f| {
             serde_json::from_str(&f.payload).unwrap_or_else(|e| {
-                panic!("the payload of a {kind} frame is not JSON ({e}): {:?}", f.payload)
+                panic!(
+                    "the payload of a {kind} frame is not JSON ({e}): {:?}",
+                    f.payload
+                )
             })
         })
         .collect()
@@ -307,7 +324,8 @@ fn question_tables_split_into_cells_with_ages_set_aside() {
             ]
         ))
     );
-    let not_an_age = "EXECUTION  QUESTION  ASKED  CHOICES  TEXT\nx          1         soon   a,b      T\n";
+    let not_an_age =
+        "EXECUTION  QUESTION  ASKED  CHOICES  TEXT\nx          1         soon   a,b      T\n";
     assert!(cells(not_an_age).unwrap_err().contains("\"soon\""));
     let misaligned = "EXECUTION  QUESTION  ASKED  CHOICES  TEXT\nlong-execution-id 1 5s a,b T\n";
     assert!(cells(misaligned).unwrap_err().contains("misaligned"));

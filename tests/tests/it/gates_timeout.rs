@@ -23,7 +23,12 @@ fn a_timeout_with_a_default_prints_the_default_and_records_it() {
 echo "got $a exit $rc""#,
     );
     sup.wait_state(&id, "completed", TIMEOUT);
-    assert_eq!(sup.stdout_lines(&id), ["got no exit 0"], "{}", sup.describe(&id));
+    assert_eq!(
+        sup.stdout_lines(&id),
+        ["got no exit 0"],
+        "{}",
+        sup.describe(&id)
+    );
 
     let all = questions_of(sup.sb(), &id);
     assert_eq!(all.len(), 1, "{all:#?}");
@@ -120,7 +125,12 @@ echo "got $a""#,
     sup.daemon().restart();
 
     sup.wait_state(&id, "completed", TIMEOUT);
-    assert_eq!(sup.stdout_lines(&id), ["got later"], "{}", sup.describe(&id));
+    assert_eq!(
+        sup.stdout_lines(&id),
+        ["got later"],
+        "{}",
+        sup.describe(&id)
+    );
     let all = questions_of(sup.sb(), &id);
     assert_eq!(all.len(), 1, "{all:#?}");
     assert_eq!(all[0]["answer"], "later", "{}", all[0]);
@@ -128,7 +138,11 @@ echo "got $a""#,
     assert_closed_at_its_deadline(&all[0], 8_000);
     assert_eq!(
         json_frames(&sup, &id, "answer"),
-        [answer_payload(qid(&all[0]), Some("later"), json!("timeout"))]
+        [answer_payload(
+            qid(&all[0]),
+            Some("later"),
+            json!("timeout")
+        )]
     );
 }
 

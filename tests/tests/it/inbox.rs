@@ -121,7 +121,10 @@ fn every_message_arrives_in_order_through_daemon_and_worker_crashes() {
     let once = deduped(&got);
     let messages: Vec<String> = once.iter().map(|(_, m)| m.clone()).collect();
     let want: Vec<String> = (1..=20).map(message).collect();
-    assert_eq!(messages, want, "every message once, in order; got.txt: {got:#?}");
+    assert_eq!(
+        messages, want,
+        "every message once, in order; got.txt: {got:#?}"
+    );
     assert!(
         once.windows(2).all(|w| w[0].0 < w[1].0),
         "ids rise and an id repeats only next to itself: {got:#?}"
@@ -131,7 +134,9 @@ fn every_message_arrives_in_order_through_daemon_and_worker_crashes() {
         "at most one redelivery per crash (three crashes): {got:#?}"
     );
     // Nothing is left in the inbox.
-    let out = sup.sb().run(&["recv", "--execution", &id, "--timeout", "1s"]);
+    let out = sup
+        .sb()
+        .run(&["recv", "--execution", &id, "--timeout", "1s"]);
     out.assert_code(1);
 }
 
