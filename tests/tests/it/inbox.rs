@@ -76,16 +76,24 @@ fn send_range(sup: &Supervised, id: &str, range: std::ops::RangeInclusive<usize>
     }
 }
 
-/// Kills the worker's shell and the `tether recv` it is waiting on (its
-/// children, found first, while the shell waits and so starts no other).
-fn kill_worker(pid: u32) {
-    let children: Vec<u32> = procs::all_pids()
-        .into_iter()
-        .filter(|&p| procs::stat(p).is_some_and(|s| s.ppid == pid))
-        .collect();
+/// Kills attempt 1 of execution `id`: its shell `pid` first, so that it
+/// starts no other `recv`, then whatever `recv` it had started (found by
+/// their environment, as they may be orphans by now).
+fn kill_attempt_1(id: &str, pid: u32) {
     procs::kill9(pid).unwrap();
-    for child in children {
-        procs::kill9(child).unwrap();
+    let marks = [
+        format!("TETHER_EXECUTION_ID={id}"),
+        "TETHER_ATTEMPT=1".to_owned(),
+    ];
+    for p in procs::all_pids() {
+        let is_shim = procs::stat(p).is_some_and(|s| s.comm == "tether-shim");
+        if p == std::process::id() || is_shim {
+            continue;
+        }
+        let env = procs::environ(p);
+        if marks.iter().all(|m| env.contains(m)) {
+            procs::kill9(p).unwrap();
+        }
     }
 }
 
@@ -103,7 +111,7 @@ fn every_message_arrives_in_order_through_daemon_and_worker_crashes() {
 
     send_range(&sup, &id, 5..=10);
     wait_received(&sup, &id, 10);
-    kill_worker(first_pid);
+    kill_attempt_1(&id, first_pid);
     let info = sup.wait_for(&id, "running attempt 2", TIMEOUT, |v| {
         v["attempt"] == 2 && v["state"] == "running" && v["pid"].is_u64()
     });
