@@ -2,15 +2,16 @@
 //! later one exits 1 naming it; an answer outside the choices exits 2;
 //! without `--question` while two are open, exit 2 listing both; no open
 //! question, or no such one, exits 3; `questions` and `questions --all`
-//! print exactly the questions, their choices and answers; `rm` of an
-//! ended execution takes its questions with it; and `ask`'s own usage
-//! errors exit 2.
+//! print exactly the questions, their choices and answers, and `--follow`
+//! each new one as it is asked; `rm` of an ended execution takes its
+//! questions with it; and `ask`'s own usage errors exit 2.
 
 use tether_tests::supervise::Supervised;
+use tether_tests::wait::wait_until;
 
 use crate::gates_support::{
     answer, assert_answered, assert_output, by_me, grid, me, qid, questions_json, questions_of,
-    questions_table, row, row_all, run_worker, wait_open, ALL_HEADER, OPEN_HEADER, TIMEOUT,
+    questions_table, row, row_all, run_worker, wait_open, AGE, ALL_HEADER, OPEN_HEADER, TIMEOUT,
 };
 
 /// Asks one yes/no question, prints the answer and ends.
@@ -175,6 +176,61 @@ fn two_open_questions_need_an_id_and_are_listed_exactly() {
         .map(|q| (qid(q), q["state"].as_str().unwrap_or("?")))
         .unzip();
     assert_eq!((ids, states), (vec![q1, q2], vec!["answered", "answered"]));
+}
+
+/// The words of each line of `questions --follow` so far, ages set aside.
+fn followed(follow: &tether_tests::Background) -> Vec<Vec<String>> {
+    follow
+        .stdout()
+        .lines()
+        .enumerate()
+        .map(|(n, line)| {
+            let mut words: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+            if n > 0 && words.len() > 2 {
+                words[2] = AGE.to_owned();
+            }
+            words
+        })
+        .collect()
+}
+
+#[test]
+fn questions_follow_prints_each_new_question_as_it_is_asked() {
+    let sup = Supervised::start();
+    let sb = sup.sb();
+    let id = run_worker(&sup, TWO_OPEN);
+    let q1 = qid(&wait_open(&sup, &id, "Deploy?", &[]));
+    let mut follow = sb.spawn("follow", &["questions", "--follow"]);
+    let first = grid(&OPEN_HEADER, &[row(&id, q1, "yes,no", "Deploy?")]);
+    wait_until(
+        TIMEOUT,
+        "`questions --follow` to list the open question",
+        || followed(&follow).len() >= 2,
+    );
+    assert_eq!(followed(&follow), first, "{}", follow.stdout());
+
+    std::fs::write(sb.file("go"), "").unwrap();
+    let q2 = qid(&wait_open(&sup, &id, "Region?", &[q1]));
+    wait_until(
+        TIMEOUT,
+        "`questions --follow` to print the new question",
+        || followed(&follow).len() >= 3,
+    );
+    assert_eq!(
+        followed(&follow),
+        grid(
+            &OPEN_HEADER,
+            &[
+                row(&id, q1, "yes,no", "Deploy?"),
+                row(&id, q2, "eu,us", "Region?"),
+            ]
+        ),
+        "{}",
+        follow.stdout()
+    );
+    assert!(follow.is_running(), "--follow goes on until killed");
+    follow.signal(tether_tests::Signal::Term);
+    follow.wait(TIMEOUT);
 }
 
 #[test]
