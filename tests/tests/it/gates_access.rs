@@ -69,7 +69,8 @@ fn assert_denied(out: &Output) {
 
 #[test]
 fn a_reader_may_list_questions_but_not_answer_or_send() {
-    let Some((reader, stranger)) = test_users() else {
+    // Both groups must exist: the daemon checks the groups it is given.
+    let (Some((reader, stranger)), Some(_)) = (test_users(), answerer_user()) else {
         return;
     };
     let (sup, id, q) = open_daemon_with_a_question();
@@ -95,7 +96,7 @@ fn a_reader_may_list_questions_but_not_answer_or_send() {
 
 #[test]
 fn an_answerer_may_answer_and_list_but_not_send_or_ask() {
-    let Some(answerer) = answerer_user() else {
+    let (Some(_), Some(answerer)) = (test_users(), answerer_user()) else {
         return;
     };
     let (sup, id, q) = open_daemon_with_a_question();
