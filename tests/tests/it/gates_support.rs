@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tether_tests::cli::Output;
 use tether_tests::supervise::Supervised;
-use tether_tests::{bins, Sandbox};
+use tether_tests::{bins, procs, Sandbox};
 
 /// How long a test waits for a worker, a question or a message.
 pub const TIMEOUT: Duration = Duration::from_secs(90);
@@ -266,6 +266,27 @@ pub fn assert_output(out: &Output, code: i32, stdout: &str, stderr: &str) {
         "`{}`",
         out.command
     );
+}
+
+/// Kills attempt 1 of execution `id`: its shell `pid` first, so that it
+/// starts no other `tether` command, then whatever `tether` command it had
+/// started (found by their environment, as they may be orphans by now).
+pub fn kill_attempt_1(id: &str, pid: u32) {
+    procs::kill9(pid).unwrap();
+    let marks = [
+        format!("TETHER_EXECUTION_ID={id}"),
+        "TETHER_ATTEMPT=1".to_owned(),
+    ];
+    for p in procs::all_pids() {
+        let is_shim = procs::stat(p).is_some_and(|s| s.comm == "tether-shim");
+        if p == std::process::id() || is_shim {
+            continue;
+        }
+        let env = procs::environ(p);
+        if marks.iter().all(|m| env.contains(m)) {
+            procs::kill9(p).unwrap();
+        }
+    }
 }
 
 /// The payloads of the stream's frames of `kind` (`ask`, `answer`),

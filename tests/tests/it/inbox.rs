@@ -8,10 +8,9 @@
 
 use std::time::Duration;
 
-use tether_tests::procs;
 use tether_tests::supervise::{pid_of, Supervised};
 
-use crate::gates_support::{assert_output, tether_env, TIMEOUT};
+use crate::gates_support::{assert_output, kill_attempt_1, tether_env, TIMEOUT};
 
 /// Prints each message with its id into `got.txt`, one `recv` at a time,
 /// forever; a failing `recv` fails the attempt.
@@ -73,27 +72,6 @@ fn message(n: usize) -> String {
 fn send_range(sup: &Supervised, id: &str, range: std::ops::RangeInclusive<usize>) {
     for n in range {
         assert_output(&sup.sb().run(&["send", id, &message(n)]), 0, "", "");
-    }
-}
-
-/// Kills attempt 1 of execution `id`: its shell `pid` first, so that it
-/// starts no other `recv`, then whatever `recv` it had started (found by
-/// their environment, as they may be orphans by now).
-fn kill_attempt_1(id: &str, pid: u32) {
-    procs::kill9(pid).unwrap();
-    let marks = [
-        format!("TETHER_EXECUTION_ID={id}"),
-        "TETHER_ATTEMPT=1".to_owned(),
-    ];
-    for p in procs::all_pids() {
-        let is_shim = procs::stat(p).is_some_and(|s| s.comm == "tether-shim");
-        if p == std::process::id() || is_shim {
-            continue;
-        }
-        let env = procs::environ(p);
-        if marks.iter().all(|m| env.contains(m)) {
-            procs::kill9(p).unwrap();
-        }
     }
 }
 

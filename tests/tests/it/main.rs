@@ -36,6 +36,7 @@ mod gates_access;
 mod gates_answer;
 mod gates_durable;
 mod gates_key;
+mod gates_lifecycle;
 mod gates_remote;
 mod gates_support;
 mod gates_timeout;
