@@ -3,11 +3,13 @@
 //! without asking twice, and the answer given afterwards reaches it; the
 //! `ask` and `answer` frames on its stream say what happened.
 
+use serde_json::{json, Value};
 use tether_tests::supervise::Supervised;
 
 use crate::gates_support::{
     answer, answer_payload, ask_payload, assert_answered, by_me, grid, json_frames, qid,
-    questions_table, row, row_all, run_worker, wait_open, ALL_HEADER, OPEN_HEADER, TIMEOUT,
+    questions_json, questions_table, row, row_all, run_worker, wait_open, ALL_HEADER, OPEN_HEADER,
+    TIMEOUT,
 };
 
 /// Asks, then prints what it was told. The ask may take minutes to get
@@ -70,6 +72,7 @@ fn a_waiting_worker_survives_a_daemon_kill_and_gets_its_answer() {
         .collect();
     assert_eq!(kinds, ["ask", "answer", "stdout"], "{}", sup.describe(&id));
 
+    assert_json_record(&sup, &id, q);
     assert_eq!(questions_table(sup.sb(), &[]), grid(&OPEN_HEADER, &[]));
     assert_eq!(
         questions_table(sup.sb(), &["--all"]),
@@ -101,4 +104,55 @@ fn assert_waiting(sup: &Supervised, id: &str, q: u64, info: &serde_json::Value) 
         "`tether ps` shows no waiting state and question for {id}:\n{}",
         out.stdout
     );
+}
+
+/// `questions --all --json` of the answered question: every field, the
+/// seq that of its `ask` frame.
+fn assert_json_record(sup: &Supervised, id: &str, q: u64) {
+    let all = questions_json(sup.sb(), &["--all"]);
+    assert_eq!(all.len(), 1, "{all:#?}");
+    let record = &all[0];
+    for field in [
+        "id",
+        "execution",
+        "key",
+        "text",
+        "choices",
+        "default",
+        "asked_micros",
+        "deadline_micros",
+        "attempt",
+        "seq",
+        "answer",
+        "answered_by",
+        "answered_micros",
+        "state",
+    ] {
+        assert!(record.get(field).is_some(), "no {field:?} in {record}");
+    }
+    let ask_seq = sup
+        .frames(id)
+        .into_iter()
+        .find(|f| f.kind == "ask")
+        .map(|f| f.seq);
+    let want = [
+        ("id", json!(q)),
+        ("execution", json!(id)),
+        ("key", json!("Deploy?#0")),
+        ("text", json!("Deploy?")),
+        ("choices", json!(["yes", "no"])),
+        ("default", Value::Null),
+        ("deadline_micros", Value::Null),
+        ("attempt", json!(1)),
+        ("seq", json!(ask_seq)),
+        ("answer", json!("yes")),
+        ("answered_by", by_me()),
+        ("state", json!("answered")),
+    ];
+    for (field, value) in want {
+        assert_eq!(record[field], value, "{field} in {record}");
+    }
+    let asked = record["asked_micros"].as_u64().unwrap_or(0);
+    let answered = record["answered_micros"].as_u64().unwrap_or(0);
+    assert!(0 < asked && asked <= answered, "{record}");
 }
