@@ -72,6 +72,21 @@ fn a_waiting_worker_survives_a_daemon_kill_and_gets_its_answer() {
         .collect();
     assert_eq!(kinds, ["ask", "answer", "stdout"], "{}", sup.describe(&id));
 
+    // Plain `tail` prints them on stdout among the worker's lines.
+    let tail = sup.sb().run(&["tail", &id]);
+    tail.assert_success();
+    let lines: Vec<&str> = tail.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "`tether tail {id}`:\n{}", tail.stdout);
+    let parsed = |line: &str| -> Value {
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
+    };
+    assert_eq!(
+        parsed(lines[0]),
+        ask_payload(q, "Deploy?", &["yes", "no"], "Deploy?#0", None, None)
+    );
+    assert_eq!(parsed(lines[1]), answer_payload(q, Some("yes"), by_me()));
+    assert_eq!(lines[2], "got yes");
+
     assert_json_record(&sup, &id, q);
     assert_eq!(questions_table(sup.sb(), &[]), grid(&OPEN_HEADER, &[]));
     assert_eq!(
