@@ -1,4 +1,5 @@
-//! `tether-bench`: workloads W0, W1 and W2 against a `tetherd` it starts.
+//! `tether-bench`: workloads W0, W1, W2 and the human gates ones against a
+//! `tetherd` it starts.
 //!
 //! * W0, latency: one producer sends one frame at a time, the next after
 //!   the ack of the last; a live follower receives them. Producer-ack
@@ -13,12 +14,15 @@
 //!   end-to-end percentiles over every frame, and fairness (the first
 //!   stream's completion time over the last's).
 //!
+//! * `answer` and `questions`, human gates: see [`gates`].
+//!
 //! Each payload starts with its send time, so followers measure end-to-end
 //! latency (producer send to follower receive, which includes the durable
 //! commit). It speaks the wire protocol directly, so what it measures is
 //! the daemon, not a client library.
 
 mod common;
+mod gates;
 mod progress;
 mod report;
 mod w0;
@@ -33,7 +37,7 @@ use tether_bench::{tetherd_path, BoxError};
 
 use crate::report::Row;
 
-/// Workloads W0, W1 and W2 against a fresh tetherd per run.
+/// Workloads W0, W1, W2, answer and questions against a fresh tetherd per run.
 #[derive(Debug, Parser)]
 #[command(name = "tether-bench", version, about)]
 pub struct Args {
@@ -68,6 +72,12 @@ pub struct Args {
     /// Print one JSON object per run instead of a table row.
     #[arg(long)]
     json: bool,
+    /// Questions asked [default: answer 100, questions 10000].
+    #[arg(long)]
+    questions: Option<usize>,
+    /// Executions the questions are spread over (questions).
+    #[arg(long, default_value_t = 10)]
+    executions: usize,
     /// Write each W1 frame's end-to-end latency to this file, in µs, one
     /// line per frame in seq order (the last run's, with several): where
     /// in a run the slow frames are.
@@ -75,13 +85,17 @@ pub struct Args {
     latencies: Option<PathBuf>,
 }
 
-/// A workload, or all of them in turn.
+/// A workload, or W0, W1 and W2 in turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
     W0,
     W1,
     W2,
     All,
+    /// Time from an answer to the asking worker's `ask` returning.
+    Answer,
+    /// `ps` and `questions` with many questions open, against none.
+    Questions,
 }
 
 impl Args {
@@ -129,12 +143,26 @@ async fn bench(args: Args) -> Result<(), BoxError> {
         // Before any run, rather than after the first.
         std::fs::File::create(path).map_err(|e| w1::latencies_error(path, &e))?;
     }
+    let gates = matches!(args.workload, Workload::Answer | Workload::Questions);
+    if args.questions.is_some() && !gates {
+        return Err("--questions is for the answer and questions workloads".into());
+    }
+    if gates && args.runs != 1 {
+        return Err("--runs is for W0, W1 and W2; answer and questions run once".into());
+    }
+    if args.questions == Some(0) || args.executions == 0 {
+        return Err("--questions and --executions must be at least 1".into());
+    }
     let tetherd = tetherd_path(args.tetherd.as_deref())?;
+    if gates {
+        return gates::run(&args, args.workload == Workload::Questions, &tetherd).await;
+    }
     let workloads: &[Workload] = match args.workload {
         Workload::All => &[Workload::W0, Workload::W1, Workload::W2],
         Workload::W0 => &[Workload::W0],
         Workload::W1 => &[Workload::W1],
         Workload::W2 => &[Workload::W2],
+        Workload::Answer | Workload::Questions => &[],
     };
     if !args.json {
         println!(

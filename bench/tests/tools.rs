@@ -154,6 +154,75 @@ fn refusal(args: &[&str]) -> String {
 }
 
 #[test]
+fn the_gate_workloads_give_their_figures() {
+    let tetherd = tether_tests::bins::tetherd();
+    let tetherd = tetherd.to_str().unwrap();
+    let bench = env!("CARGO_BIN_EXE_tether-bench");
+    let answer = rows(&run_in_temp(
+        bench,
+        &[
+            "--workload",
+            "answer",
+            "--questions",
+            "3",
+            "--json",
+            "--tetherd",
+            tetherd,
+        ],
+    ));
+    assert_eq!(answer.len(), 1);
+    assert_eq!(answer[0]["workload"], "answer");
+    assert_eq!(answer[0]["questions"], 3);
+    for field in ["ask_returns_p50_ms", "answer_acked_p50_ms"] {
+        positive(&answer[0], field);
+    }
+
+    let listed = rows(&run_in_temp(
+        bench,
+        &[
+            "--workload",
+            "questions",
+            "--questions",
+            "20",
+            "--executions",
+            "2",
+            "--json",
+            "--tetherd",
+            tetherd,
+        ],
+    ));
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["executions"], 2);
+    assert_eq!(listed[0]["questions"], 20);
+    for field in [
+        "ps_none_open_ms",
+        "ps_open_ms",
+        "ps_ratio",
+        "questions_none_open_ms",
+        "questions_open_ms",
+        "questions_ratio",
+    ] {
+        positive(&listed[0], field);
+    }
+}
+
+#[test]
+fn the_gate_workloads_refuse_flags_that_are_not_theirs() {
+    assert_eq!(
+        refusal(&["--workload", "w1", "--questions", "5"]),
+        "tether-bench: --questions is for the answer and questions workloads\n"
+    );
+    assert_eq!(
+        refusal(&["--workload", "answer", "--questions", "0"]),
+        "tether-bench: --questions and --executions must be at least 1\n"
+    );
+    assert_eq!(
+        refusal(&["--workload", "questions", "--runs", "3"]),
+        "tether-bench: --runs is for W0, W1 and W2; answer and questions run once\n"
+    );
+}
+
+#[test]
 fn a_payload_too_short_for_its_send_time_is_refused() {
     let out = run_in_temp(env!("CARGO_BIN_EXE_tether-bench"), &["--size", "4"]);
     assert_eq!(out.status.code(), Some(1));

@@ -37,6 +37,8 @@ pub struct Daemon {
     incarnations: u32,
     /// Variables set for every incarnation.
     env: Vec<(String, String)>,
+    /// Flags added to every incarnation's command line.
+    args: Vec<String>,
     /// Shell commands run before `exec tetherd`, in the shell that becomes
     /// the daemon (see [`Daemon::start_after_shell`]).
     shell_prelude: Option<String>,
@@ -56,6 +58,15 @@ impl Daemon {
         env: &[(&str, &str)],
     ) -> Self {
         let mut daemon = Self::new(socket, state_dir, log_dir, env);
+        daemon.spawn_and_wait();
+        daemon
+    }
+
+    /// [`Daemon::start`] with `args` added to its command line (and every
+    /// restart's).
+    pub fn start_with_args(socket: &Path, state_dir: &Path, log_dir: &Path, args: &[&str]) -> Self {
+        let mut daemon = Self::new(socket, state_dir, log_dir, &[]);
+        daemon.args = args.iter().map(|a| (*a).to_owned()).collect();
         daemon.spawn_and_wait();
         daemon
     }
@@ -87,6 +98,7 @@ impl Daemon {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            args: Vec::new(),
             shell_prelude: None,
         }
     }
@@ -169,6 +181,7 @@ impl Daemon {
         let log = File::create(&log_path)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", log_path.display()));
         let mut cmd = command(&self.socket, &self.state_dir);
+        cmd.args(&self.args);
         if let Some(prelude) = &self.shell_prelude {
             // `$0` and `$@` are tetherd and its arguments, passed as they
             // are rather than quoted into the script.

@@ -226,6 +226,32 @@ pub fn test_users() -> Option<(TestUser, TestUser)> {
     Some((user(READER), user(STRANGER)))
 }
 
+/// The group whose members the question tests configure as answerers.
+pub const ANSWERERS_GROUP: &str = "tether-it-answerers";
+/// A user in [`ANSWERERS_GROUP`] (listed as a member, not by primary gid).
+pub const ANSWERER: &str = "tether-it-answerer";
+
+/// Creates (once) [`ANSWERERS_GROUP`] and [`ANSWERER`] and returns the
+/// user; `None`, after printing why, when not root.
+pub fn answerer_user() -> Option<TestUser> {
+    static SETUP: Mutex<()> = Mutex::new(());
+    if !is_root() {
+        eprintln!("note: skipped: creating test users with useradd needs root");
+        return None;
+    }
+    let _once = SETUP.lock().unwrap_or_else(|e| e.into_inner());
+    if group_id(ANSWERERS_GROUP).is_none() {
+        run_admin("groupadd", &[ANSWERERS_GROUP]);
+    }
+    if user_id(ANSWERER, "-u").is_none() {
+        run_admin("useradd", &["-M", "-N", "-G", ANSWERERS_GROUP, ANSWERER]);
+    }
+    Some(TestUser {
+        uid: user_id(ANSWERER, "-u").expect("uid of a user just made"),
+        gid: user_id(ANSWERER, "-g").expect("gid of a user just made"),
+    })
+}
+
 /// `id FLAG NAME` as a number: `-u` the uid, `-g` the primary gid.
 fn user_id(name: &str, flag: &str) -> Option<u32> {
     let output = Command::new("id").args([flag, name]).output().ok()?;

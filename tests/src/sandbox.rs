@@ -73,6 +73,11 @@ impl Sandbox {
         Daemon::start_with_env(&self.socket(), &self.state_dir(), self.path(), env)
     }
 
+    /// A daemon with `args` added to its command line (and its restarts').
+    pub fn start_daemon_with_args(&self, args: &[&str]) -> Daemon {
+        Daemon::start_with_args(&self.socket(), &self.state_dir(), self.path(), args)
+    }
+
     /// A daemon started by a shell that runs `prelude` first (see
     /// [`Daemon::start_after_shell`]).
     pub fn start_daemon_after_shell(&self, prelude: &str) -> Daemon {
