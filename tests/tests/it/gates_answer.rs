@@ -34,7 +34,8 @@ fn a_second_answer_exits_1_naming_the_first() {
         1,
         "",
         &format!(
-            "tether: question {q} of {id} was already answered: \"yes\" by uid {uid} ({name})\n"
+            "tether: question {q} of {id} was already answered: \"yes\" by uid {uid} ({name}) \
+             (already_answered)\n"
         ),
     );
     // No open question is left to answer, and there is no question 999.

@@ -110,9 +110,10 @@ pub fn cells(table: &str) -> Result<Vec<Vec<String>>, String> {
                 .unwrap_or(&[])
                 .iter()
                 .collect();
-            // A cell that runs into the next column is misaligned.
-            if n + 1 < starts.len() && end > start && chars.get(end - 1).is_some_and(|c| *c != ' ')
-            {
+            // A cell that runs into the next column is misaligned; a line
+            // that ends inside this cell (its later cells empty) is not.
+            let runs_on = starts.get(n + 1).is_some_and(|&next| chars.len() > next);
+            if runs_on && end > start && chars.get(end - 1).is_some_and(|c| *c != ' ') {
                 return Err(format!("is misaligned at line {line:?}"));
             }
             row.push(cell.trim_end().to_owned());
