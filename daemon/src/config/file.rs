@@ -160,6 +160,9 @@ pub struct FileConfig {
     /// How long ended executions are kept.
     #[serde(default)]
     pub executions: ExecutionsSection,
+    /// Where frames are mirrored (NATS JetStream).
+    #[serde(default)]
+    pub mirror: crate::mirror::MirrorSection,
 }
 
 /// `[executions]`.
@@ -275,7 +278,7 @@ impl FileConfig {
                 return Err("metrics.streams: an empty glob matches no stream".into());
             }
         }
-        Ok(())
+        self.mirror.check()
     }
 }
 
@@ -394,6 +397,9 @@ impl Config {
         }
         if let Some(n) = file.restart.max_failures_without_progress {
             self.default_max_failures_without_progress = Some(n);
+        }
+        if let Some(mirror) = file.mirror.config() {
+            self.mirror = Some(mirror);
         }
     }
 

@@ -36,6 +36,16 @@ pub fn text_of(shared: &Shared) -> Result<String> {
         restarts: executions.iter().map(|e| u64::from(e.restarts)).sum(),
         executions: executions.into_iter().map(|e| e.state).collect(),
         degraded: shared.queue.storage_fault().is_some(),
+        mirror_lag: shared
+            .mirror
+            .state(&shared.queue)
+            .map(|m| {
+                m.streams
+                    .into_iter()
+                    .map(|s| (s.stream, s.last - s.mirrored))
+                    .collect()
+            })
+            .unwrap_or_default(),
     };
     render(shared.queue.metrics(), &shared.config.metrics.streams, &now)
 }

@@ -37,6 +37,8 @@ pub struct Now {
     pub restarts: u64,
     /// Whether the store refuses writes now (degraded mode).
     pub degraded: bool,
+    /// Frames not yet mirrored, per mirrored stream (`[mirror]`).
+    pub mirror_lag: Vec<(String, u64)>,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -111,6 +113,19 @@ pub fn render(metrics: &Metrics, globs: &[String], now: &Now) -> Result<String> 
         "1 while the store refuses writes (degraded mode), else 0",
         degraded,
     );
+
+    if !now.mirror_lag.is_empty() {
+        let lag = Family::<Labels, Gauge>::default();
+        for (stream, frames) in &now.mirror_lag {
+            lag.get_or_create(&vec![("stream", stream.clone())])
+                .set(gauge(*frames));
+        }
+        registry.register(
+            "mirror_lag_frames",
+            "Committed frames NATS JetStream has not acknowledged yet, per mirrored stream",
+            lag,
+        );
+    }
 
     let mut text = String::new();
     encode(&mut text, &registry)
