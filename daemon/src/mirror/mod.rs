@@ -21,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 pub mod config;
 pub mod nats;
+#[cfg(feature = "test-hooks")]
+pub mod read_back;
 mod stream;
 
 pub use config::{MirrorConfig, MirrorSection};
@@ -210,6 +212,26 @@ impl Mirror {
         }
         tasks.shutdown().await;
     }
+}
+
+/// What `tether status` shows of the mirror; `None` when it is off.
+pub fn info(mirror: &Mirror, queue: &Queue) -> Option<tether_protocol::MirrorInfo> {
+    let state = mirror.state(queue)?;
+    Some(tether_protocol::MirrorInfo {
+        nats_url: state.nats_url,
+        jetstream_stream: state.jetstream_stream,
+        source: state.source,
+        connected: state.connected,
+        streams: state
+            .streams
+            .into_iter()
+            .map(|s| tether_protocol::MirrorStreamInfo {
+                stream: s.stream,
+                mirrored_seq: s.mirrored,
+                last_seq: s.last,
+            })
+            .collect(),
+    })
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
