@@ -156,6 +156,7 @@ mod tests {
             executions: vec![ExecState::Running, ExecState::Failed, ExecState::Running],
             restarts: 4,
             degraded: true,
+            mirror_lag: vec![("b".into(), 7)],
         };
         let text = render(&metrics, &["a".into()], &now).unwrap();
         for line in [
@@ -172,6 +173,7 @@ mod tests {
             "tether_executions{state=\"lost\"} 0",
             "tether_restarts_total 4",
             "tether_storage_degraded 1",
+            "tether_mirror_lag_frames{stream=\"b\"} 7",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

@@ -58,8 +58,15 @@ impl Nats {
         assert!(self.server.is_none(), "nats-server is already running");
         self.starts += 1;
         let mut cmd = Command::new("nats-server");
-        cmd.args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
-            .arg(&self.dir);
+        cmd.args([
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-sd",
+        ])
+        .arg(&self.dir);
         let parent = self.dir.parent().unwrap_or(Path::new("/"));
         let name = format!("nats-{}", self.starts);
         self.server = Some(Background::spawn(&name, cmd, parent));
@@ -125,9 +132,11 @@ fn mirrored(sb: &Sandbox, stream: &str) -> Option<(u64, u64)> {
 
 /// Waits until JetStream has acknowledged `stream` through `seq`.
 fn wait_mirrored(sb: &Sandbox, stream: &str, seq: u64) {
-    wait_until(CATCH_UP, &format!("the mirror of {stream} to reach {seq}"), || {
-        mirrored(sb, stream) == Some((seq, seq))
-    });
+    wait_until(
+        CATCH_UP,
+        &format!("the mirror of {stream} to reach {seq}"),
+        || mirrored(sb, stream) == Some((seq, seq)),
+    );
 }
 
 /// The header `name` of `message`.
@@ -163,10 +172,16 @@ fn assert_exactly_once(held: &[Held], subject: &str, source: &str, stream: &str,
             line(seq).trim_end(),
             "{subject} seq {seq}"
         );
-        assert_eq!(header(message, "Nats-Msg-Id"), format!("{source}:{stream}:{seq}"));
+        assert_eq!(
+            header(message, "Nats-Msg-Id"),
+            format!("{source}:{stream}:{seq}")
+        );
         assert_eq!(header(message, "Tether-Kind"), "data");
         let ts: u64 = header(message, "Tether-Ts").parse().unwrap();
-        assert!(ts > 1_600_000_000_000_000, "Tether-Ts {ts} is not in microseconds");
+        assert!(
+            ts > 1_600_000_000_000_000,
+            "Tether-Ts {ts} is not in microseconds"
+        );
     }
 }
 
@@ -324,4 +339,25 @@ fn compaction_waits_for_the_mirror() {
         stream_row(&sb, "jobs").0 == (101, 100)
     });
     assert_exactly_once(&nats.read(), "tether.host-a.jobs", "host-a", "jobs", 100);
+}
+
+#[test]
+fn a_reload_turns_the_mirror_on() {
+    let sb = Sandbox::new();
+    let nats = Nats::new(&sb, true);
+    let config = sb.file("tetherd.toml");
+    std::fs::write(&config, "").unwrap();
+    let daemon = start_daemon(&sb, &config);
+    sb.publish("jobs", &lines(1..=50));
+    assert_eq!(mirror_status(&sb), serde_json::Value::Null);
+
+    let mirrored_config = mirror_config(&sb, "mirror.toml", &nats, "host-a", &[]);
+    std::fs::copy(&mirrored_config, &config).unwrap();
+    let hup = Command::new("kill")
+        .args(["-HUP", &daemon.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success(), "kill -HUP failed");
+    wait_mirrored(&sb, "jobs", 50);
+    assert_exactly_once(&nats.read(), "tether.host-a.jobs", "host-a", "jobs", 50);
 }
