@@ -11,6 +11,7 @@
 //! when a failed round is sent again. Any failure ends the round; the
 //! next one starts from JetStream's end again.
 
+use std::future::IntoFuture;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,6 +50,12 @@ enum Stop {
     Resync(String),
     /// The store failed (degraded mode, for one).
     Store(Error),
+    /// A publish failed but a later one of the same round was stored:
+    /// its connection dropped and the client sent the rest on the next.
+    /// JetStream's end is past a hole, so the next round resends from
+    /// the seq after this one instead; the duplicate window drops what is
+    /// there already.
+    Hole(NatsError, u64),
 }
 
 impl From<Error> for Stop {
@@ -82,10 +89,15 @@ pub(super) struct Mirrored {
 
 /// Mirrors the stream until it is removed or the daemon stops.
 pub(super) async fn run(m: Mirrored) {
+    let mut resend_after = None;
     loop {
-        match round(&m).await {
+        match round(&m, resend_after.take()).await {
             Stop::Ended => return,
             Stop::Nats(e) => m.nats.failed(&e),
+            Stop::Hole(e, confirmed) => {
+                m.nats.failed(&e);
+                resend_after = Some(confirmed);
+            }
             Stop::Resync(why) => {
                 tracing::debug!(stream = %m.stream, "mirror: starting again: {why}");
                 continue;
@@ -98,9 +110,10 @@ pub(super) async fn run(m: Mirrored) {
     }
 }
 
-/// One round: resynchronise with JetStream, then publish until something
+/// One round: resynchronise with JetStream (or start after
+/// `resend_after`, see [`Stop::Hole`]), then publish until something
 /// fails.
-async fn round(m: &Mirrored) -> Stop {
+async fn round(m: &Mirrored, resend_after: Option<u64>) -> Stop {
     let stored = match m.queue.open_consumer(&m.stream, CONSUMER).await {
         Ok(ack) => ack,
         Err(e) => return e.into(),
@@ -122,7 +135,10 @@ async fn round(m: &Mirrored) -> Stop {
             m.subject
         );
     }
-    let after = stored.max(end.tether_seq.min(last));
+    let after = match resend_after {
+        Some(confirmed) => confirmed.max(stored),
+        None => stored.max(end.tether_seq.min(last)),
+    };
     if after > stored {
         // JetStream had frames the stored ack did not say (the daemon
         // stopped before storing it): store it now, so compaction may go.
@@ -133,7 +149,7 @@ async fn round(m: &Mirrored) -> Stop {
     m.position.store(after, Ordering::Relaxed);
     // The first publish checks that nobody else wrote the subject since
     // it was read; only right after JetStream's own last frame.
-    let expect = (after == end.tether_seq).then_some(end.stream_seq);
+    let expect = (resend_after.is_none() && after == end.tether_seq).then_some(end.stream_seq);
     let (tx, rx) = mpsc::channel(WINDOW);
     let publishing = publish(m, after, expect, tx);
     let acknowledging = acknowledge(m, after, rx);
@@ -231,13 +247,16 @@ async fn acknowledge(m: &Mirrored, after: u64, mut rx: mpsc::Receiver<Sent>) -> 
             Sent::Skip(seq) => seq,
             Sent::Frame(seq, ack) => match ack.await {
                 Ok(_) => seq,
+                Err(e) if matches!(e.kind(), PublishErrorKind::WrongLastSequence) => {
+                    return Err(Stop::Resync(format!("frame {seq}: {e}")));
+                }
                 Err(e) => {
-                    return Err(match e.kind() {
-                        PublishErrorKind::WrongLastSequence => {
-                            Stop::Resync(format!("frame {seq}: {e}"))
-                        }
-                        _ => Stop::Nats(failed("a publish was not acknowledged")(&e)),
-                    })
+                    let e = failed("a publish was not acknowledged")(&e);
+                    return Err(if later_landed(&mut rx).await {
+                        Stop::Hole(e, confirmed)
+                    } else {
+                        Stop::Nats(e)
+                    });
                 }
             },
         };
@@ -248,4 +267,22 @@ async fn acknowledge(m: &Mirrored, after: u64, mut rx: mpsc::Receiver<Sent>) -> 
             last_store = Instant::now();
         }
     }
+}
+
+/// Whether any publish still in flight is acknowledged: awaited together,
+/// so that a dead connection costs one acknowledgement timeout, not one
+/// per publish.
+async fn later_landed(rx: &mut mpsc::Receiver<Sent>) -> bool {
+    // Closed first, so that nothing is published behind the ones looked at.
+    rx.close();
+    let mut acks = Vec::new();
+    while let Ok(sent) = rx.try_recv() {
+        if let Sent::Frame(_, ack) = sent {
+            acks.push(ack.into_future());
+        }
+    }
+    futures_util::future::join_all(acks)
+        .await
+        .iter()
+        .any(Result::is_ok)
 }
