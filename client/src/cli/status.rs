@@ -194,6 +194,27 @@ mod tests {
     }
 
     #[test]
+    fn the_mirror_part_names_the_server_and_each_lag() {
+        let mirror = MirrorInfo {
+            nats_url: "nats://n:4222".into(),
+            jetstream_stream: "TETHER".into(),
+            source: "build1".into(),
+            connected: false,
+            streams: vec![tether_protocol::MirrorStreamInfo {
+                stream: "jobs".into(),
+                mirrored_seq: 100,
+                last_seq: 1100,
+            }],
+        };
+        assert_eq!(
+            mirror_human(&mirror),
+            "mirror:      nats://n:4222 (JetStream stream TETHER, source build1): \
+             NATS unreachable\n  jobs: lag 1000 (mirrored through 100 of 1100)\n"
+        );
+        assert_eq!(mirror_json(&mirror)["streams"][0]["lag"], 1000);
+    }
+
+    #[test]
     fn sizes_and_uptimes_read_naturally() {
         assert_eq!(size(512), "512 bytes");
         assert_eq!(size(2048), "2.0 KiB (2048 bytes)");
