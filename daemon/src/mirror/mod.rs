@@ -159,18 +159,7 @@ impl Mirror {
     async fn run(&self, queue: &Queue, config: MirrorConfig, stop: &CancellationToken) {
         let source = config.source.clone().unwrap_or_else(config::host_name);
         *lock(&self.inner.config) = Some((config.clone(), source.clone()));
-        let nats = loop {
-            match nats::Nats::connect(config.clone()).await {
-                Ok(nats) => break Arc::new(nats),
-                Err(e) => {
-                    tracing::warn!("mirror: {e}; trying again in a minute");
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        () = tokio::time::sleep(Duration::from_secs(60)) => {}
-                    }
-                }
-            }
-        };
+        let nats = Arc::new(nats::Nats::new(config.clone()));
         tracing::info!(
             nats = %config.nats_url,
             jetstream_stream = %config.jetstream_stream,

@@ -2,6 +2,7 @@
 //! of, and where a subject's mirrored frames end.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream::LastRawMessageErrorKind};
@@ -45,13 +46,20 @@ pub struct SubjectEnd {
     pub tether_seq: u64,
 }
 
-/// One NATS connection and JetStream context, shared by every mirrored
-/// stream. The client reconnects by itself; requests in between fail and
-/// are retried by the mirror.
+/// The NATS side of the mirror, shared by every mirrored stream.
+///
+/// A connection is never reconnected: a publish lost with a dropped
+/// connection must not be followed by later ones sent on the next, or
+/// JetStream would hold frames past a hole and the end of a subject
+/// would no longer say that everything before it is there. So each
+/// client connects once; once it has lost its connection, the next round
+/// of any stream makes a new one, and the old one's unsent publishes
+/// stay unsent (its reconnect is put off for good).
 #[derive(Debug)]
 pub struct Nats {
-    pub js: jetstream::Context,
     pub config: MirrorConfig,
+    /// The client in use and its JetStream context.
+    current: tokio::sync::Mutex<Option<(async_nats::Client, jetstream::Context)>>,
     /// Whether NATS is taken to be unreachable: set by the first failure,
     /// which alone logs a warning, cleared by the next success.
     down: AtomicBool,
@@ -59,19 +67,44 @@ pub struct Nats {
     stream_ready: AtomicBool,
 }
 
+/// How long a client that lost its connection waits before it would
+/// reconnect: past any daemon's life. See [`Nats`].
+const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 impl Nats {
-    /// A client for `config`. It does not wait for the server: the first
-    /// connection is made in the background, retried until it succeeds.
-    pub async fn connect(config: MirrorConfig) -> Result<Nats, NatsError> {
+    /// The NATS side for `config`; nothing is connected yet.
+    pub fn new(config: MirrorConfig) -> Nats {
+        Nats {
+            config,
+            current: tokio::sync::Mutex::new(None),
+            down: AtomicBool::new(false),
+            stream_ready: AtomicBool::new(false),
+        }
+    }
+
+    /// The JetStream context of a connected client: the current one, or a
+    /// new one when the current one lost its connection.
+    pub async fn context(&self) -> Result<jetstream::Context, NatsError> {
+        let mut current = self.current.lock().await;
+        if let Some((client, js)) = &*current {
+            if client.connection_state() == async_nats::connection::State::Connected {
+                return Ok(js.clone());
+            }
+        }
+        *current = None;
+        let connected_once = Arc::new(AtomicBool::new(false));
         let mut options = async_nats::ConnectOptions::new()
-            .retry_on_initial_connect()
             .max_reconnects(None)
             .connection_timeout(REQUEST_TIMEOUT)
-            .reconnect_delay_callback(|attempts| {
-                Duration::from_millis(100 * u64::try_from(attempts.min(10)).unwrap_or(10))
+            .reconnect_delay_callback(move |_| {
+                if connected_once.swap(true, Ordering::Relaxed) {
+                    NEVER
+                } else {
+                    Duration::ZERO
+                }
             })
             .name("tetherd mirror");
-        if let Some(path) = &config.creds {
+        if let Some(path) = &self.config.creds {
             options = options.credentials_file(path).await.map_err(|e| {
                 NatsError(format!(
                     "cannot read the NATS credentials {}: {e}",
@@ -80,20 +113,16 @@ impl Nats {
             })?;
         }
         let client = options
-            .connect(config.nats_url.as_str())
+            .connect(self.config.nats_url.as_str())
             .await
-            .map_err(|e| NatsError(format!("cannot connect to {}: {e}", config.nats_url)))?;
+            .map_err(|e| NatsError(format!("cannot connect: {e}")))?;
         let js = jetstream::ContextBuilder::new()
             .timeout(REQUEST_TIMEOUT)
             .ack_timeout(ACK_TIMEOUT)
             .max_ack_inflight(MAX_ACKS_IN_FLIGHT)
-            .build(client);
-        Ok(Nats {
-            js,
-            config,
-            down: AtomicBool::new(false),
-            stream_ready: AtomicBool::new(false),
-        })
+            .build(client.clone());
+        *current = Some((client, js.clone()));
+        Ok(js)
     }
 
     /// Whether NATS is taken to be unreachable now.
@@ -140,7 +169,8 @@ impl Nats {
             storage: jetstream::stream::StorageType::File,
             ..Default::default()
         };
-        self.js
+        self.context()
+            .await?
             .get_or_create_stream(config)
             .await
             .map_err(|e| failed("cannot create or find the JetStream stream")(&e))?;
@@ -153,7 +183,8 @@ impl Nats {
     pub async fn subject_end(&self, subject: &str) -> Result<SubjectEnd, NatsError> {
         self.ensure_stream().await?;
         let stream = self
-            .js
+            .context()
+            .await?
             .get_stream_no_info(&self.config.jetstream_stream)
             .await
             .map_err(|e| failed("cannot open the JetStream stream")(&e))?;

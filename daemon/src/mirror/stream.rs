@@ -122,6 +122,11 @@ async fn round(m: &Mirrored, resend_after: Option<u64>) -> Stop {
         Ok(end) => end,
         Err(e) => return Stop::Nats(e),
     };
+    // One connection for the whole round (see `Nats`).
+    let js = match m.nats.context().await {
+        Ok(js) => js,
+        Err(e) => return Stop::Nats(e),
+    };
     m.nats.succeeded();
     let Some((_, last)) = m.queue.stream_range(&m.stream) else {
         return Stop::Ended;
@@ -151,7 +156,7 @@ async fn round(m: &Mirrored, resend_after: Option<u64>) -> Stop {
     // it was read; only right after JetStream's own last frame.
     let expect = (resend_after.is_none() && after == end.tether_seq).then_some(end.stream_seq);
     let (tx, rx) = mpsc::channel(WINDOW);
-    let publishing = publish(m, after, expect, tx);
+    let publishing = publish(m, &js, after, expect, tx);
     let acknowledging = acknowledge(m, after, rx);
     match tokio::try_join!(publishing, acknowledging) {
         Ok(((), ())) => Stop::Ended,
@@ -163,6 +168,7 @@ async fn round(m: &Mirrored, resend_after: Option<u64>) -> Stop {
 /// publish's acknowledgement to [`acknowledge`].
 async fn publish(
     m: &Mirrored,
+    js: &async_nats::jetstream::Context,
     after: u64,
     mut expect: Option<u64>,
     tx: mpsc::Sender<Sent>,
@@ -183,7 +189,7 @@ async fn publish(
                     if let Some(stream_seq) = expect.take() {
                         message = message.expected_last_subject_sequence(stream_seq);
                     }
-                    let sent = match m.nats.js.send_publish(m.subject.clone(), message).await {
+                    let sent = match js.send_publish(m.subject.clone(), message).await {
                         Ok(ack) => Sent::Frame(seq, ack),
                         Err(e) if matches!(e.kind(), PublishErrorKind::MaxPayloadExceeded) => {
                             tracing::warn!(
