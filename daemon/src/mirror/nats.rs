@@ -54,7 +54,9 @@ pub struct SubjectEnd {
 /// would no longer say that everything before it is there. So each
 /// client connects once; once it has lost its connection, the next round
 /// of any stream makes a new one, and the old one's unsent publishes
-/// stay unsent (its reconnect is put off for good).
+/// stay unsent (its reconnect is put off for good). They stay in memory
+/// too, as async-nats offers no way to drop them: at most the publishes
+/// in flight ([`MAX_ACKS_IN_FLIGHT`]) per lost connection.
 #[derive(Debug)]
 pub struct Nats {
     pub config: MirrorConfig,

@@ -8,8 +8,10 @@
 //! where JetStream stopped, however long the daemon was down. The first
 //! publish of a round carries the subject's expected last sequence; the
 //! rest carry `Nats-Msg-Id`, which JetStream's duplicate window drops
-//! when a failed round is sent again. Any failure ends the round; the
-//! next one starts from JetStream's end again.
+//! when a failed round is sent again. A round publishes on one
+//! connection, which JetStream reads in order, so what it holds of a
+//! round is a leading part of it. Any failure ends the round; the next
+//! one starts from JetStream's end again.
 
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,11 +52,10 @@ enum Stop {
     Resync(String),
     /// The store failed (degraded mode, for one).
     Store(Error),
-    /// A publish failed but a later one of the same round was stored:
-    /// its connection dropped and the client sent the rest on the next.
-    /// JetStream's end is past a hole, so the next round resends from
-    /// the seq after this one instead; the duplicate window drops what is
-    /// there already.
+    /// A publish failed but a later one of the same round was stored
+    /// (JetStream refused that one message). JetStream's end is past a
+    /// hole, so the next round resends from the seq after this one
+    /// instead; the duplicate window drops what is there already.
     Hole(NatsError, u64),
 }
 
