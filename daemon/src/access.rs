@@ -307,6 +307,7 @@ fn may_be_read(name: &str) -> bool {
             | "Status"
             | "Storage"
             | "Metrics"
+            | "MirrorStatus"
             | "ListExecutions"
             | "ListExecutionsFull"
             | "CheckpointList"

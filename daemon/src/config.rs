@@ -101,6 +101,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// What `tether metrics` shows, and where else it is served.
     pub metrics: MetricsConfig,
+    /// `[mirror]`: where frames are mirrored; `None`: not mirrored.
+    pub mirror: Option<crate::mirror::MirrorConfig>,
 }
 
 /// How the daemon writes its log lines.
@@ -154,6 +156,7 @@ impl Config {
             log_capacity: crate::wal::DEFAULT_CAPACITY,
             log_format: LogFormat::Text,
             metrics: MetricsConfig::default(),
+            mirror: None,
         }
     }
 

@@ -285,6 +285,16 @@ impl Hub {
             .map(|s| (s.first_seq, s.last_seq))
     }
 
+    /// Every stream's name with its committed last seq.
+    pub fn last_seqs(&self) -> Vec<(String, u64)> {
+        let state = self.lock();
+        state
+            .streams
+            .iter()
+            .map(|(name, s)| (name.clone(), s.last_seq))
+            .collect()
+    }
+
     /// How many streams exist.
     pub fn stream_count(&self) -> u64 {
         self.lock().streams.len() as u64

@@ -30,6 +30,8 @@
 //! * [`logging`] chooses where log lines go (stderr, JSON, the journal).
 //! * [`metrics`] counts what `tether metrics` shows, and serves it over
 //!   HTTP when `[metrics] listen` is set.
+//! * [`mirror`] publishes committed frames into NATS JetStream, each
+//!   exactly once, when `[mirror]` is set.
 //! * [`config`], [`lock`], [`shutdown`] and [`error`] do what they say.
 
 pub mod access;
@@ -46,6 +48,7 @@ pub mod ingest;
 pub mod lock;
 pub mod logging;
 pub mod metrics;
+pub mod mirror;
 pub mod notify;
 pub mod server;
 pub mod shutdown;
@@ -154,6 +157,12 @@ pub async fn run_with(
         "tetherd {} listening",
         env!("CARGO_PKG_VERSION")
     );
+    // The mirror reads committed frames on its own tasks; it stops with
+    // the daemon, before the store closes.
+    let mirror_stop = CancellationToken::new();
+    let _mirror_stop = mirror_stop.clone().drop_guard();
+    let (mirror, mirror_configs) =
+        mirror::Mirror::start(queue.clone(), config.mirror.clone(), mirror_stop.clone());
     let socket = config.socket.clone();
     let keep_ended = config.keep_ended;
     let shared = Arc::new(connection::Shared {
@@ -163,6 +172,7 @@ pub async fn run_with(
         config,
         started: Instant::now(),
         connections: AtomicU64::new(0),
+        mirror,
     });
     let _helpers = notifier.as_ref().map(|n| {
         let ready = format!("serving on {}", socket.display());
@@ -170,7 +180,8 @@ pub async fn run_with(
         service_tasks(n.clone(), &queue, &shutdown)
     });
     let _reloads = launch.reloads.map(|rx| {
-        AbortOnDropHandle::new(tokio::spawn(apply_reloads(queue.clone(), started_with, rx)))
+        let task = apply_reloads(queue.clone(), started_with, rx, mirror_configs);
+        AbortOnDropHandle::new(tokio::spawn(task))
     });
     let _metrics_http = metrics_listener.map(|listener| {
         if let Ok(addr) = listener.local_addr() {
@@ -204,6 +215,7 @@ pub async fn run_with(
         () = &mut serving => {}
     }
     supervisor.close().await;
+    mirror_stop.cancel();
     let closed = queue.close().await;
     // An inherited socket belongs to the service manager, which keeps it
     // open across restarts: removing its file would strand it.
@@ -293,8 +305,12 @@ async fn apply_reloads(
     queue: engine::Queue,
     mut current: Config,
     mut reloads: mpsc::UnboundedReceiver<Config>,
+    mirror: tokio::sync::watch::Sender<Option<mirror::MirrorConfig>>,
 ) {
     while let Some(new) = reloads.recv().await {
+        if new.mirror != current.mirror {
+            mirror.send_replace(new.mirror.clone());
+        }
         for key in current.needs_restart(&new) {
             tracing::warn!("config reload: {key} changed, but it takes effect only at a restart");
         }

@@ -221,7 +221,7 @@ fn bodies_that_are_not_messages_are_malformed_with_the_reason() {
         // A message type past the last known one: a newer peer.
         (
             "unknown-variant.bin",
-            "unknown request type 127: this build knows types 0 to 41; \
+            "unknown request type 127: this build knows types 0 to 42; \
              the peer is newer than this build",
         ),
     ];

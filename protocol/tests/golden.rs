@@ -36,6 +36,7 @@ use tether_protocol::{
     StorageFault, StorageState, WorkerExited,
 };
 use tether_protocol::{ExecutionDetail, RunSpecFull};
+use tether_protocol::{MirrorInfo, MirrorStreamInfo};
 use tokio_util::codec::{Decoder, Encoder};
 
 /// The wire format these fixtures freeze.
@@ -667,6 +668,7 @@ fn all_request_fixtures() -> Vec<(Request, &'static str)> {
     all.extend(resume_request_fixtures());
     all.extend(removal_request_fixtures());
     all.extend(gate_request_fixtures());
+    all.extend(mirror_request_fixtures());
     all
 }
 
@@ -678,6 +680,7 @@ fn all_response_fixtures() -> Vec<(Response, &'static str)> {
     all.extend(flush_response_fixtures());
     all.extend(removal_response_fixtures());
     all.extend(gate_response_fixtures());
+    all.extend(mirror_response_fixtures());
     all
 }
 
@@ -728,10 +731,11 @@ fn request_variant(msg: &Request) -> &'static str {
         Request::Send { .. } => "Send",
         Request::Recv { .. } => "Recv",
         Request::Dequeue { .. } => "Dequeue",
+        Request::MirrorStatus => "MirrorStatus",
     }
 }
 
-const ALL_REQUEST_VARIANTS: [&str; 42] = [
+const ALL_REQUEST_VARIANTS: [&str; 43] = [
     "Hello",
     "Append",
     "Subscribe",
@@ -774,6 +778,7 @@ const ALL_REQUEST_VARIANTS: [&str; 42] = [
     "Send",
     "Recv",
     "Dequeue",
+    "MirrorStatus",
 ];
 
 /// See [`request_variant`].
@@ -824,10 +829,11 @@ fn response_variant(msg: &Response) -> &'static str {
         Response::Queued { .. } => "Queued",
         Response::Messages(_) => "Messages",
         Response::Dequeued(_) => "Dequeued",
+        Response::MirrorStatus(_) => "MirrorStatus",
     }
 }
 
-const ALL_RESPONSE_VARIANTS: [&str; 45] = [
+const ALL_RESPONSE_VARIANTS: [&str; 46] = [
     "HelloOk",
     "Error",
     "Appended",
@@ -873,6 +879,7 @@ const ALL_RESPONSE_VARIANTS: [&str; 45] = [
     "Queued",
     "Messages",
     "Dequeued",
+    "MirrorStatus",
 ];
 
 fn to_hex(bytes: &[u8]) -> String {
@@ -1313,6 +1320,49 @@ fn gate_requests_encode_to_their_golden_bytes() {
 fn gate_responses_encode_to_their_golden_bytes() {
     check_fixtures(
         gate_response_fixtures(),
+        ServerCodec::new(),
+        ClientCodec::new(),
+    );
+}
+
+fn mirror_request_fixtures() -> Vec<(Request, &'static str)> {
+    vec![(Request::MirrorStatus, "00000001 2a")]
+}
+
+fn mirror_response_fixtures() -> Vec<(Response, &'static str)> {
+    let info = MirrorInfo {
+        nats_url: "n".into(),
+        jetstream_stream: "T".into(),
+        source: "h".into(),
+        connected: true,
+        streams: vec![MirrorStreamInfo {
+            stream: "s".into(),
+            mirrored_seq: 2,
+            last_seq: 3,
+        }],
+    };
+    vec![
+        (Response::MirrorStatus(None), "00000002 2d 00"),
+        (
+            Response::MirrorStatus(Some(info)),
+            "0000000e 2d 01 016e 0154 0168 01 01 0173 02 03",
+        ),
+    ]
+}
+
+#[test]
+fn mirror_requests_encode_to_their_golden_bytes() {
+    check_fixtures(
+        mirror_request_fixtures(),
+        ClientCodec::new(),
+        ServerCodec::new(),
+    );
+}
+
+#[test]
+fn mirror_responses_encode_to_their_golden_bytes() {
+    check_fixtures(
+        mirror_response_fixtures(),
         ServerCodec::new(),
         ClientCodec::new(),
     );

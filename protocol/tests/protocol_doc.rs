@@ -480,6 +480,8 @@ fn the_type_tables_list_every_field_and_variant_in_wire_order() {
             "QuestionInfo" => fields::<tether_protocol::QuestionInfo>(),
             "QuestionOutcome" => fields::<tether_protocol::QuestionOutcome>(),
             "InboxMessage" => fields::<tether_protocol::InboxMessage>(),
+            "MirrorInfo" => fields::<tether_protocol::MirrorInfo>(),
+            "MirrorStreamInfo" => fields::<tether_protocol::MirrorStreamInfo>(),
             other => {
                 failures.push(format!("type {other} is not known to this test"));
                 continue;

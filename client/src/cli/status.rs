@@ -4,23 +4,35 @@
 //! `uptime_secs`, `socket`, `state_dir`, `store_bytes`, `streams`,
 //! `executions`, `connections` and `storage` (`{"degraded": null}`, or
 //! the fault: `{"degraded": {"cause", "full", "since_micros"}}`; absent
-//! from a daemon too old to say).
+//! from a daemon too old to say), and `mirror` when the daemon mirrors to
+//! NATS (`nats_url`, `jetstream_stream`, `source`, `connected`, and
+//! `streams`: `stream`, `mirrored_seq`, `last_seq`, `lag` each).
 
 use std::time::Duration;
 
 use tether::time::Rfc3339;
 use tether::Result;
-use tether_protocol::{StatusInfo, StorageState};
+use tether_protocol::{MirrorInfo, Request, Response, StatusInfo, StorageState};
 
 use super::{write_stdout, Context};
 
 /// Runs `tether status`.
 pub async fn run(ctx: &Context) -> Result<()> {
-    let (status, storage) = tether::sdk::status(&ctx.connector("status")).await?;
+    let connector = ctx.connector("status");
+    let (status, storage) = tether::sdk::status(&connector).await?;
+    // A daemon too old to know the request refuses it; it has no mirror.
+    let mirror = match connector.request(&Request::MirrorStatus).await {
+        Ok(Response::MirrorStatus(info)) => info,
+        _ => None,
+    };
     let text = if ctx.json {
-        tether::json::status(&status, storage.as_ref())?.to_string() + "\n"
+        let mut value = tether::json::status(&status, storage.as_ref())?;
+        if let (Some(info), Some(object)) = (&mirror, value.as_object_mut()) {
+            object.insert("mirror".into(), mirror_json(info));
+        }
+        value.to_string() + "\n"
     } else {
-        human(&status, storage.as_ref())
+        human(&status, storage.as_ref()) + &mirror.as_ref().map(mirror_human).unwrap_or_default()
     };
     write_stdout(text.as_bytes())?;
     Ok(())
@@ -54,6 +66,52 @@ fn human(s: &StatusInfo, storage: Option<&StorageState>) -> String {
         .chain(storage.as_ref().map(|value| ("storage", value)))
         .map(|(key, value)| format!("{:<13}{value}\n", format!("{key}:")))
         .collect()
+}
+
+/// The mirror's part: where it publishes, then one line per stream with
+/// its lag (frames committed but not yet acknowledged by JetStream).
+fn mirror_human(m: &MirrorInfo) -> String {
+    let state = if m.connected {
+        "connected"
+    } else {
+        "NATS unreachable"
+    };
+    let mut text = format!(
+        "{:<13}{} (JetStream stream {}, source {}): {state}\n",
+        "mirror:", m.nats_url, m.jetstream_stream, m.source
+    );
+    for s in &m.streams {
+        text.push_str(&format!(
+            "  {}: lag {} (mirrored through {} of {})\n",
+            s.stream,
+            s.last_seq.saturating_sub(s.mirrored_seq),
+            s.mirrored_seq,
+            s.last_seq
+        ));
+    }
+    text
+}
+
+fn mirror_json(m: &MirrorInfo) -> serde_json::Value {
+    let streams: Vec<_> = m
+        .streams
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "stream": s.stream,
+                "mirrored_seq": s.mirrored_seq,
+                "last_seq": s.last_seq,
+                "lag": s.last_seq.saturating_sub(s.mirrored_seq),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "nats_url": m.nats_url,
+        "jetstream_stream": m.jetstream_stream,
+        "source": m.source,
+        "connected": m.connected,
+        "streams": streams,
+    })
 }
 
 /// `3d 4h 5m 6s`, leaving out leading zero units.
@@ -133,6 +191,27 @@ mod tests {
             "storage:     degraded (storage full: No space left on device (os error 28)) \
              since 2025-11-24T16:00:00.000000Z\n"
         ));
+    }
+
+    #[test]
+    fn the_mirror_part_names_the_server_and_each_lag() {
+        let mirror = MirrorInfo {
+            nats_url: "nats://n:4222".into(),
+            jetstream_stream: "TETHER".into(),
+            source: "build1".into(),
+            connected: false,
+            streams: vec![tether_protocol::MirrorStreamInfo {
+                stream: "jobs".into(),
+                mirrored_seq: 100,
+                last_seq: 1100,
+            }],
+        };
+        assert_eq!(
+            mirror_human(&mirror),
+            "mirror:      nats://n:4222 (JetStream stream TETHER, source build1): \
+             NATS unreachable\n  jobs: lag 1000 (mirrored through 100 of 1100)\n"
+        );
+        assert_eq!(mirror_json(&mirror)["streams"][0]["lag"], 1000);
     }
 
     #[test]

@@ -163,6 +163,9 @@ pub struct FileConfig {
     /// Bounds of the executions' inboxes.
     #[serde(default)]
     pub inbox: InboxSection,
+    /// Where frames are mirrored (NATS JetStream).
+    #[serde(default)]
+    pub mirror: crate::mirror::MirrorSection,
 }
 
 /// `[executions]`.
@@ -295,7 +298,7 @@ impl FileConfig {
                 return Err("metrics.streams: an empty glob matches no stream".into());
             }
         }
-        Ok(())
+        self.mirror.check()
     }
 }
 
@@ -420,6 +423,9 @@ impl Config {
         }
         if let Some(n) = file.restart.max_failures_without_progress {
             self.default_max_failures_without_progress = Some(n);
+        }
+        if let Some(mirror) = file.mirror.config() {
+            self.mirror = Some(mirror);
         }
     }
 

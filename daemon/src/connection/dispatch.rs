@@ -182,6 +182,10 @@ impl Session {
                 let status = self.status();
                 self.send_all(vec![Response::Status(status)]).await
             }
+            Request::MirrorStatus => {
+                let info = crate::mirror::info(&self.shared.mirror, &self.shared.queue);
+                self.send_all(vec![Response::MirrorStatus(info)]).await
+            }
             Request::Verify => {
                 let summary = self.shared.queue.verify().await?;
                 self.send_all(vec![Response::Verified(summary)]).await

@@ -62,6 +62,8 @@ pub struct Shared {
     pub started: Instant,
     /// Sessions currently open (for `tether status`).
     pub connections: AtomicU64,
+    /// The NATS mirror (for `tether status` and metrics).
+    pub mirror: crate::mirror::Mirror,
 }
 
 /// Append or ack batches in flight per session before it stops reading.

@@ -569,6 +569,11 @@ impl Queue {
         Ok(streams)
     }
 
+    /// Every stream's name with its committed last seq, in no order.
+    pub fn last_seqs(&self) -> Vec<(String, u64)> {
+        self.inner.hub.last_seqs()
+    }
+
     /// How many streams exist.
     pub fn stream_count(&self) -> u64 {
         self.inner.hub.stream_count()

@@ -38,6 +38,16 @@ pub fn text_of(shared: &Shared) -> Result<String> {
         degraded: shared.queue.storage_fault().is_some(),
         open_questions: shared.queue.gates().open_count(),
         inbox_messages: shared.queue.gates().inbox_total(),
+        mirror_lag: shared
+            .mirror
+            .state(&shared.queue)
+            .map(|m| {
+                m.streams
+                    .into_iter()
+                    .map(|s| (s.stream, s.last - s.mirrored))
+                    .collect()
+            })
+            .unwrap_or_default(),
     };
     render(shared.queue.metrics(), &shared.config.metrics.streams, &now)
 }

@@ -42,6 +42,8 @@ pub struct Now {
     pub open_questions: u64,
     /// Messages waiting, across every inbox.
     pub inbox_messages: u64,
+    /// Frames not yet mirrored, per mirrored stream (`[mirror]`).
+    pub mirror_lag: Vec<(String, u64)>,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -132,6 +134,19 @@ pub fn render(metrics: &Metrics, globs: &[String], now: &Now) -> Result<String> 
         degraded,
     );
 
+    if !now.mirror_lag.is_empty() {
+        let lag = Family::<Labels, Gauge>::default();
+        for (stream, frames) in &now.mirror_lag {
+            lag.get_or_create(&vec![("stream", stream.clone())])
+                .set(gauge(*frames));
+        }
+        registry.register(
+            "mirror_lag_frames",
+            "Committed frames NATS JetStream has not acknowledged yet, per mirrored stream",
+            lag,
+        );
+    }
+
     let mut text = String::new();
     encode(&mut text, &registry)
         .map_err(|_| Error::Invariant("the metrics text could not be written".into()))?;
@@ -163,6 +178,7 @@ mod tests {
             degraded: true,
             open_questions: 3,
             inbox_messages: 5,
+            mirror_lag: vec![("b".into(), 7)],
         };
         let text = render(&metrics, &["a".into()], &now).unwrap();
         for line in [
@@ -182,6 +198,7 @@ mod tests {
             "tether_questions_open 3",
             "tether_inbox_messages 5",
             "tether_executions{state=\"waiting\"} 0",
+            "tether_mirror_lag_frames{stream=\"b\"} 7",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

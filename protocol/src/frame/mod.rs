@@ -12,12 +12,14 @@
 
 mod checkpoint;
 mod gates;
+mod mirror;
 mod request;
 mod response;
 mod supervision;
 
 pub use checkpoint::*;
 pub use gates::*;
+pub use mirror::*;
 pub use request::*;
 pub use response::*;
 pub use supervision::*;
@@ -177,12 +179,12 @@ pub trait Message: serde::de::DeserializeOwned {
 
 impl Message for Request {
     const NAME: &'static str = "request";
-    const KINDS: u32 = 42;
+    const KINDS: u32 = 43;
 }
 
 impl Message for Response {
     const NAME: &'static str = "response";
-    const KINDS: u32 = 45;
+    const KINDS: u32 = 46;
 }
 
 /// Checks a stream, producer or consumer name: 1 to [`MAX_NAME_LEN`] bytes,

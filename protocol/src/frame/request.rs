@@ -215,6 +215,9 @@ pub enum Request {
     /// to and including id `through`: remove them. Answered with
     /// [`Response::Dequeued`] once that is durable.
     Dequeue { execution: String, through: u64 },
+    /// The NATS mirror's state and each mirrored stream's lag. Answered
+    /// with [`Response::MirrorStatus`].
+    MirrorStatus,
 }
 impl Request {
     /// The variant index of [`Request::Append`]: the first varint of an
@@ -269,6 +272,7 @@ impl Request {
             Request::Send { .. } => 39,
             Request::Recv { .. } => 40,
             Request::Dequeue { .. } => 41,
+            Request::MirrorStatus => 42,
         }
     }
 
@@ -319,6 +323,7 @@ impl Request {
             "Send",
             "Recv",
             "Dequeue",
+            "MirrorStatus",
         ];
         NAMES.get(usize::try_from(kind).ok()?).copied()
     }
@@ -368,6 +373,7 @@ impl Request {
             Request::Send { .. } => "Send",
             Request::Recv { .. } => "Recv",
             Request::Dequeue { .. } => "Dequeue",
+            Request::MirrorStatus => "MirrorStatus",
         }
     }
 }

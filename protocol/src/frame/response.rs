@@ -128,6 +128,9 @@ pub enum Response {
     Messages(Vec<InboxMessage>),
     /// Answer to [`Request::Dequeue`]: how many messages were removed.
     Dequeued(u64),
+    /// Answer to [`Request::MirrorStatus`]; `None` when the daemon does
+    /// not mirror.
+    MirrorStatus(Option<MirrorInfo>),
 }
 
 impl Response {
@@ -184,6 +187,7 @@ impl Response {
             Response::Queued { .. } => "Queued",
             Response::Messages(_) => "Messages",
             Response::Dequeued(_) => "Dequeued",
+            Response::MirrorStatus(_) => "MirrorStatus",
         }
     }
 }

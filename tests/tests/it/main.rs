@@ -48,6 +48,7 @@ mod local_security_client;
 mod local_security_memory;
 mod log_format;
 mod metrics;
+mod mirror;
 mod names;
 mod publish_tail;
 mod remote_access;
