@@ -88,6 +88,13 @@ struct Registry {
     keys: HashMap<(String, String), u64>,
     /// (execution, nonce) to the question it asked.
     nonces: HashMap<(String, u64), u64>,
+    /// (deadline, id) of every open question that has a deadline, so that
+    /// the timeout task finds the soonest without a scan.
+    deadlines: BTreeSet<(u64, u64)>,
+    /// (execution, attempt, text) to how many asks that attempt made of
+    /// that text under default keys: the `N` of its next `TEXT#N`, kept
+    /// so that an ask does not scan every question.
+    default_asks: HashMap<(String, u32, String), usize>,
     /// Messages waiting, per execution that has any.
     inbox: HashMap<String, u64>,
     next_question_id: u64,
@@ -102,6 +109,10 @@ fn lock(m: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
 
 impl Registry {
     fn adopt(&mut self, record: QuestionRecord) {
+        if let Some(old) = self.questions.remove(&record.info.id) {
+            self.unindex(&old);
+        }
+        self.index(&record);
         let info = &record.info;
         let execution = info.execution.clone();
         self.next_question_id = self.next_question_id.max(info.id + 1);
@@ -120,6 +131,48 @@ impl Registry {
         }
         self.questions.insert(info.id, record);
     }
+
+    /// Adds `record` to the deadline and default-key indexes.
+    fn index(&mut self, record: &QuestionRecord) {
+        let info = &record.info;
+        if let (true, Some(deadline)) = (record.is_open(), info.deadline_micros) {
+            self.deadlines.insert((deadline, info.id));
+        }
+        if is_default_key(info) {
+            for &(attempt, _) in &record.asks {
+                *self
+                    .default_asks
+                    .entry((info.execution.clone(), attempt, info.text.clone()))
+                    .or_insert(0) += 1;
+            }
+        }
+    }
+
+    /// Takes `record` out of the indexes [`Registry::index`] adds it to.
+    fn unindex(&mut self, record: &QuestionRecord) {
+        let info = &record.info;
+        if let Some(deadline) = info.deadline_micros {
+            self.deadlines.remove(&(deadline, info.id));
+        }
+        if is_default_key(info) {
+            for &(attempt, _) in &record.asks {
+                let key = (info.execution.clone(), attempt, info.text.clone());
+                if let Some(n) = self.default_asks.get_mut(&key) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        self.default_asks.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// True when a question's key is a default one, `TEXT#N`.
+fn is_default_key(info: &QuestionInfo) -> bool {
+    info.key
+        .strip_prefix(info.text.as_str())
+        .is_some_and(|rest| rest.starts_with('#'))
 }
 
 impl Gates {
@@ -181,18 +234,12 @@ impl Gates {
     /// How many asks attempt `attempt` of an execution made of `text`
     /// under default keys: the `N` of its next default key `TEXT#N`.
     pub(crate) fn asked_before(&self, execution: &str, attempt: u32, text: &str) -> usize {
-        let state = lock(&self.state);
-        let prefix = format!("{text}#");
-        state
-            .questions
-            .values()
-            .filter(|r| {
-                r.info.execution == execution
-                    && r.info.text == text
-                    && r.info.key.starts_with(&prefix)
-            })
-            .map(|r| r.asks.iter().filter(|(a, _)| *a == attempt).count())
-            .sum()
+        let key = (execution.to_owned(), attempt, text.to_owned());
+        lock(&self.state)
+            .default_asks
+            .get(&key)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The next question id, taken (never given twice, even when the
@@ -261,18 +308,21 @@ impl Gates {
             .collect()
     }
 
-    /// The open questions with a deadline: (deadline, id), soonest first.
-    pub(crate) fn deadlines(&self) -> Vec<(u64, u64)> {
+    /// The open questions whose deadline is at or before `now`, soonest
+    /// first, and the first deadline after `now`, if any.
+    pub(crate) fn deadlines(&self, now: u64) -> (Vec<u64>, Option<u64>) {
         let state = lock(&self.state);
-        let mut out: Vec<(u64, u64)> = state
-            .open
-            .values()
-            .flatten()
-            .filter_map(|id| state.questions.get(id))
-            .filter_map(|r| r.info.deadline_micros.map(|d| (d, r.info.id)))
+        let overdue = state
+            .deadlines
+            .range(..=(now, u64::MAX))
+            .map(|&(_, id)| id)
             .collect();
-        out.sort_unstable();
-        out
+        let next = state
+            .deadlines
+            .range((now.saturating_add(1), 0)..)
+            .next()
+            .map(|&(deadline, _)| deadline);
+        (overdue, next)
     }
 
     /// How many questions are open, across every execution.
@@ -320,9 +370,17 @@ impl Gates {
         for execution in executions {
             state.open.remove(execution);
             state.inbox.remove(execution);
-            state
+            let gone: Vec<u64> = state
                 .questions
-                .retain(|_, r| r.info.execution != *execution);
+                .values()
+                .filter(|r| r.info.execution == *execution)
+                .map(|r| r.info.id)
+                .collect();
+            for id in gone {
+                if let Some(record) = state.questions.remove(&id) {
+                    state.unindex(&record);
+                }
+            }
             state.keys.retain(|(e, _), _| e != execution);
             state.nonces.retain(|(e, _), _| e != execution);
         }

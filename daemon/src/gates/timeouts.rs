@@ -22,9 +22,9 @@ pub async fn run(queue: Queue, shutdown: CancellationToken) {
     loop {
         changed.borrow_and_update();
         let now = now_micros();
-        let deadlines = gates.deadlines();
+        let (overdue, next) = gates.deadlines(now);
         let mut failed = false;
-        for &(_, id) in deadlines.iter().take_while(|(d, _)| *d <= now) {
+        for id in overdue {
             if shutdown.is_cancelled() {
                 return;
             }
@@ -36,9 +36,9 @@ pub async fn run(queue: Queue, shutdown: CancellationToken) {
                 failed = true;
             }
         }
-        let sleep = match deadlines.iter().find(|(d, _)| *d > now) {
+        let sleep = match next {
             _ if failed => RETRY,
-            Some((deadline, _)) => Duration::from_micros(deadline - now),
+            Some(deadline) => Duration::from_micros(deadline - now),
             None => Duration::MAX,
         };
         tokio::select! {
