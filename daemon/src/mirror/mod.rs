@@ -3,7 +3,8 @@
 //! stream (see [`stream`] for how).
 //!
 //! It reads committed frames through ordinary subscriptions on its own
-//! tasks, so producers never wait for NATS. Its position in each stream
+//! thread, at a lower CPU priority than the daemon's, so producers never
+//! wait for NATS, nor for the mirror's share of the CPU. Its position in each stream
 //! is the consumer [`CONSUMER`]'s ack, which commits like any other and
 //! holds back compaction of what JetStream has not acknowledged.
 //!
@@ -43,6 +44,32 @@ pub const HEADER_TS: &str = "Tether-Ts";
 
 /// How often the list of streams is looked at for new ones.
 const DISCOVER_EVERY: Duration = Duration::from_millis(250);
+
+/// How many steps of `nice` the mirror's thread runs below the daemon.
+/// Mirroring is catch-up work: when the machine is short of CPU, the
+/// writer, producers and readers go first and the mirror's lag grows, to
+/// be worked off when there is room.
+const NICE_STEPS: i32 = 10;
+
+/// Runs `task` on this thread, lowered [`NICE_STEPS`], in a runtime of its
+/// own (so that its threads, and the store reads it starts, carry the
+/// lower priority).
+fn run_below_the_daemon(task: impl std::future::Future<Output = ()>) {
+    // On Linux a thread's id names that one thread to setpriority(2).
+    let me = Some(rustix::thread::gettid());
+    let lowered = rustix::process::getpriority_process(me)
+        .and_then(|now| rustix::process::setpriority_process(me, now + NICE_STEPS));
+    if let Err(e) = lowered {
+        tracing::debug!("the mirror runs at the daemon's priority: {e}");
+    }
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(task),
+        Err(e) => tracing::error!("cannot start the mirror's runtime: {e}; nothing is mirrored"),
+    }
+}
 
 /// One stream's mirror lag, as `status` and `tether metrics` show it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,7 +117,13 @@ impl Mirror {
     ) -> (Mirror, watch::Sender<Option<MirrorConfig>>) {
         let mirror = Mirror::default();
         let (tx, rx) = watch::channel(config);
-        tokio::spawn(mirror.clone().manage(queue, rx, shutdown));
+        let task = mirror.clone().manage(queue, rx, shutdown);
+        if let Err(e) = std::thread::Builder::new()
+            .name("tether-mirror".into())
+            .spawn(move || run_below_the_daemon(task))
+        {
+            tracing::error!("cannot start the mirror's thread: {e}; nothing is mirrored");
+        }
         (mirror, tx)
     }
 
