@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
@@ -401,9 +401,7 @@ impl Writer {
     }
 
     pub(super) fn now_micros() -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        tether_protocol::time::now_micros()
     }
 
     /// A timestamp for the frames of one batch, never earlier than the last.

@@ -6,11 +6,11 @@ use bytes::Bytes;
 use tether_protocol::InboxMessage;
 use tokio::time::Instant;
 
-use super::now_micros;
 use super::questions::deadline_after;
 use crate::engine::{GateChange, GateOutcome, Queue};
 use crate::supervisor::{state, Supervisor};
 use crate::{Error, Result};
+use tether_protocol::time::now_micros;
 
 /// What bounds an inbox.
 #[derive(Clone, Copy, Debug)]

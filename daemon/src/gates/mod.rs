@@ -408,10 +408,3 @@ pub(crate) enum FindAsk {
     Key(QuestionRecord),
     None,
 }
-
-/// Microseconds since the Unix epoch, now.
-pub(crate) fn now_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}

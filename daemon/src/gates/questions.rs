@@ -10,7 +10,9 @@ use tether_protocol::{
 };
 use tokio::time::Instant;
 
-use super::{frames, now_micros, FindAsk, QuestionRecord, MAX_WAIT};
+use tether_protocol::time::now_micros;
+
+use super::{frames, FindAsk, QuestionRecord, MAX_WAIT};
 use crate::engine::{GateChange, GateOutcome, Queue};
 use crate::supervisor::{state, Supervisor};
 use crate::{Error, Result};

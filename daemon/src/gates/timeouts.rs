@@ -7,9 +7,9 @@ use std::time::Duration;
 use tether_protocol::Answerer;
 use tokio_util::sync::CancellationToken;
 
-use super::now_micros;
 use super::questions::close;
 use crate::engine::Queue;
+use tether_protocol::time::now_micros;
 
 /// How long to wait before trying again after a close failed (a degraded
 /// store): the task must not spin.

@@ -42,9 +42,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
+use tether_protocol::time::now_micros;
 use tether_protocol::{
     ExecState, ExecutionDetail, ExecutionInfo, RunSpecFull, ShimHello, WorkerExited,
 };
@@ -804,12 +805,6 @@ fn kill_verified(id: ProcessId) {
         Ok(None) => {}
         Err(e) => tracing::warn!("cannot check pid {}: {e}", id.pid),
     }
-}
-
-fn now_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
